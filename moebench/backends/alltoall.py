@@ -1,0 +1,91 @@
+"""`alltoall`: Megatron-Core's MoEAlltoAllTokenDispatcher path on plain torch.distributed.
+
+dispatch: permute rows by global expert (= by destination rank) -> exchange per-expert counts ->
+host sync for the splits -> all_to_all_single of the rows, then of the probs -> sort the received
+(source rank, local expert) chunks into (local expert, source rank) order.
+combine mirrors it: inverse chunk sort -> all_to_all_single back -> weighted unpermute.
+It sends one copy per (token, expert), so its wire bytes exceed the deduplicated pairs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .. import ops
+from .base import Backend, Dispatched
+
+
+@dataclass
+class _Handle:
+    row_map_TK: torch.Tensor
+    topk_w_TK: torch.Tensor
+    input_splits: list[int]      # rows sent to each rank
+    output_splits: list[int]     # rows received from each rank
+    recv_counts_WL: torch.Tensor  # rows received per (source rank, local expert), on the host
+
+
+class AlltoallBackend(Backend):
+    name = "alltoall"
+    dedup = False
+    supports_fp8 = True
+
+    def setup(self, group, w, device):
+        super().setup(group, w, device)
+        self.world = dist.get_world_size(group)
+        self.impl = self.knob_values.get("ops_impl", "auto")
+        if self.impl == "auto":
+            self.impl = ops.best_impl(device)
+        L, W = w.local_experts, self.world
+        self.to_expert_major = [s * L + j for j in range(L) for s in range(W)]
+        self.to_rank_major = [j * W + s for s in range(W) for j in range(L)]
+
+    def knobs(self):
+        return {**super().knobs(), "ops_impl": self.impl}
+
+    def _a2a(self, x: torch.Tensor, out_rows: int, out_splits, in_splits) -> torch.Tensor:
+        """all_to_all_single on rows; fp8 travels as bytes (NCCL and gloo have no fp8 type)."""
+        flat = x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x
+        out = flat.new_empty((out_rows, *flat.shape[1:]))
+        if self.world == 1:
+            out.copy_(flat)
+        else:
+            dist.all_to_all_single(out, flat.contiguous(), out_splits, in_splits, group=self.group)
+        return out.view(x.dtype) if x.dtype == torch.float8_e4m3fn else out
+
+    def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
+        w, W, L = self.w, self.world, self.w.local_experts
+        p = ops.permute(x_TH, topk_idx_TK, w.num_experts, scales_TS=scales_TS, impl=self.impl)
+        valid = p.row_map_TK >= 0
+        probs_R = torch.empty(p.x_RH.shape[0], dtype=torch.float32, device=x_TH.device)
+        probs_R[p.row_map_TK[valid].long()] = topk_w_TK[valid].float()
+        send_counts = p.tokens_per_expert.to(torch.int64).view(W, L)
+        recv_counts = torch.empty_like(send_counts)
+        if W > 1:
+            dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        else:
+            recv_counts.copy_(send_counts)
+        recv_counts = recv_counts.cpu()                      # the host sync Megatron has too
+        in_splits = send_counts.sum(1).tolist()
+        out_splits = recv_counts.sum(1).tolist()
+        R = sum(out_splits)
+        x_R = self._a2a(p.x_RH, R, out_splits, in_splits)
+        probs_recv = self._a2a(probs_R, R, out_splits, in_splits)
+        scales_R = self._a2a(p.scales_RS, R, out_splits, in_splits) if p.scales_RS is not None else None
+        chunks = recv_counts.view(-1).tolist()
+        if L > 1:
+            x_R = ops.sort_chunks_by_idxs(x_R, chunks, self.to_expert_major, impl=self.impl)
+            probs_recv = ops.sort_chunks_by_idxs(probs_recv[:, None], chunks, self.to_expert_major, impl="torch")[:, 0]
+            if scales_R is not None:
+                scales_R = ops.sort_chunks_by_idxs(scales_R, chunks, self.to_expert_major, impl="torch")
+        handle = _Handle(p.row_map_TK, topk_w_TK, in_splits, out_splits, recv_counts)
+        return Dispatched(x_R, recv_counts.sum(0).tolist(), handle, scales_R, probs_recv)
+
+    def combine(self, y_RH, handle: _Handle):
+        L = self.w.local_experts
+        if L > 1:
+            chunks = handle.recv_counts_WL.t().reshape(-1).tolist()
+            y_RH = ops.sort_chunks_by_idxs(y_RH, chunks, self.to_rank_major, impl=self.impl)
+        back = self._a2a(y_RH, sum(handle.input_splits), handle.input_splits, handle.output_splits)
+        return ops.unpermute(back, handle.row_map_TK, handle.topk_w_TK, impl=self.impl)

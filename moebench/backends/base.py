@@ -1,0 +1,119 @@
+"""Backend protocol and registry.
+
+A backend moves tokens to the ranks that hold their experts (dispatch) and brings the expert
+outputs back as a weighted sum (combine). One module per backend; the registry maps Megatron's
+names to "module:Class" strings so that heavy packages (deep_ep, megatron.core) are imported only
+when that backend is asked for.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from ..workload import Workload, WorkloadError
+
+# name -> "module:Class"; names are Megatron's own values so flags are a lookup
+REGISTRY: dict[str, str] = {
+    "alltoall": "moebench.backends.alltoall:AlltoallBackend",
+    "deepep": "moebench.backends.deepep:DeepEPBackend",
+    "deepep-ll": "moebench.backends.deepep:DeepEPLowLatencyBackend",
+    "hybridep": "moebench.backends.hybridep:HybridEPBackend",
+    "mcore-alltoall": "moebench.backends.mcore:McoreAlltoallBackend",
+    "mcore-deepep": "moebench.backends.mcore:McoreDeepEPBackend",
+    "mcore-hybridep": "moebench.backends.mcore:McoreHybridEPBackend",
+}
+
+
+@dataclass
+class Dispatched:
+    """What dispatch hands to the local experts.
+
+    x_RH: received rows grouped by local expert (expert 0's rows first), bf16 or fp8.
+    tokens_per_expert: rows per local expert (host list or a device tensor of length L).
+    handle: whatever combine needs to send rows back; opaque to the harness.
+    scales_RS: fp32 per-128 scales when x_RH is fp8.
+    probs_R: routing weight of each received row, when the backend carries them.
+    """
+    x_RH: torch.Tensor
+    tokens_per_expert: Any
+    handle: Any = None
+    scales_RS: torch.Tensor | None = None
+    probs_R: torch.Tensor | None = None
+
+
+class Unavailable(RuntimeError):
+    """Raised by setup() when the package imports but cannot serve this run: the backend is WAIVED."""
+
+
+@dataclass
+class Backend:
+    """Base class: subclasses set `name` and implement setup/dispatch/combine."""
+    name: ClassVar[str] = ""
+    dedup: ClassVar[bool] = True          # one copy per (token, destination rank) on the wire
+    supports_fp8: ClassVar[bool] = False
+    timed_phases: ClassVar[tuple[str, ...]] = ("dispatch", "combine")
+    knob_values: dict = field(default_factory=dict)   # e.g. {"num_sms": 24} from the CLI
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        """(False, why) when a package is missing: the backend is WAIVED. Must be cheap and must
+        not import the package (use importlib.util.find_spec): a crashing import is found in the
+        rank processes, where it is contained; setup() raises Unavailable for incompatible ones."""
+        return True, ""
+
+    @classmethod
+    def version(cls) -> str:
+        return ""
+
+    def validate(self, w: Workload, world: int) -> None:
+        """Raise WorkloadError for shapes or EP sizes this backend cannot take."""
+        if w.dtype == "fp8" and not self.supports_fp8:
+            raise WorkloadError(f"backend {self.name} cannot carry fp8 payloads (use --dtype bf16)")
+
+    def setup(self, group, w: Workload, device: torch.device) -> None:
+        """Allocate buffers, warm up JIT; untimed."""
+        self.group, self.w, self.device = group, w, device
+
+    def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None) -> Dispatched:
+        raise NotImplementedError
+
+    def combine(self, y_RH: torch.Tensor, handle) -> torch.Tensor:
+        """Weighted sum of expert outputs back to [T, H] bf16."""
+        raise NotImplementedError
+
+    def extra_phases(self, x_TH, topk_idx_TK, topk_w_TK) -> dict:
+        """Other timed phases as {phase: zero-arg callable}, e.g. DeepEP's layout."""
+        return {}
+
+    def knobs(self) -> dict:
+        """Settings that shaped the run (SMs, chunk sizes, env, implementation choices)."""
+        return dict(self.knob_values)
+
+    def teardown(self) -> None:
+        pass
+
+
+def names() -> list[str]:
+    return list(REGISTRY)
+
+
+def get(name: str) -> type[Backend]:
+    """The backend class for a registered name; a clear error listing known names otherwise."""
+    if name not in REGISTRY:
+        raise WorkloadError(f"unknown backend {name!r} (known: {', '.join(REGISTRY)})")
+    module, cls = REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def parse_backends(spec: str) -> list[str]:
+    """'all' or a comma-separated list; unknown names raise WorkloadError."""
+    if spec == "all":
+        return list(REGISTRY)
+    out = [s.strip() for s in spec.split(",") if s.strip()]
+    for n in out:
+        if n not in REGISTRY:
+            raise WorkloadError(f"unknown backend {n!r} (known: all, {', '.join(REGISTRY)})")
+    return out

@@ -1,0 +1,150 @@
+"""Run a per-rank function on every EP rank: spawn local ranks, or join a torchrun/Slurm job.
+
+Every collective carries the process-group timeout, and the parent waits on its children with a
+deadline: a rank that raises, crashes or hangs ends the run with a non-zero exit and that rank's
+error, never a hang. Local ranks use gloo on CPU and NCCL on GPU.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+class LaunchError(RuntimeError):
+    """A rank failed, crashed or timed out."""
+
+
+@dataclass
+class RankContext:
+    rank: int
+    world: int
+    device: torch.device
+    group: object            # the EP process group (the world group)
+    local_rank: int = 0
+
+
+def joined_env() -> tuple[int, int, int] | None:
+    """(rank, world, local_rank) when started by torchrun or srun, else None."""
+    e = os.environ
+    if "RANK" in e and "WORLD_SIZE" in e:
+        return int(e["RANK"]), int(e["WORLD_SIZE"]), int(e.get("LOCAL_RANK", 0))
+    if "SLURM_PROCID" in e and "SLURM_NTASKS" in e and int(e["SLURM_NTASKS"]) > 1:
+        return int(e["SLURM_PROCID"]), int(e["SLURM_NTASKS"]), int(e.get("SLURM_LOCALID", 0))
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init(rank: int, world: int, local_rank: int, device_type: str, timeout_s: float) -> RankContext:
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+        torch.set_num_threads(1)
+    kw = {"device_id": device} if device_type == "cuda" else {}
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s), **kw)
+    return RankContext(rank, world, device, dist.group.WORLD, local_rank)
+
+
+def _child(rank, world, device_type, timeout_s, port, fn, args, results):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        ctx = _init(rank, world, rank, device_type, timeout_s)
+        out = fn(ctx, *args)
+        results.put((rank, "ok", out))
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
+        results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"))
+        raise SystemExit(1)
+
+
+def run_ranks(fn, world: int, device_type: str = "cpu", timeout_s: float = 300.0, args: tuple = ()) -> list:
+    """fn(ctx, *args) on `world` ranks; returns every rank's result, in rank order (rank 0's
+    process only when joined to torchrun/Slurm: other ranks get [])."""
+    joined = joined_env()
+    if joined is not None:
+        return _run_joined(fn, joined, device_type, timeout_s, args)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_child, args=(r, world, device_type, timeout_s, port, fn, args, results),
+                         daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        return _collect(procs, results, world, timeout_s)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)
+
+
+def _collect(procs, results, world: int, timeout_s: float) -> list:
+    """Rank results in order. On the first failure, wait a moment for the others to report too,
+    then name the root cause first: a rank killed by a signal before the ranks that lost it."""
+    got: dict[int, object] = {}
+    errors: dict[int, str] = {}
+    deadline = time.monotonic() + timeout_s
+    grace_end = None
+    while len(got) + len(errors) < world:
+        now = time.monotonic()
+        if grace_end is not None and now > grace_end:
+            break
+        try:
+            rank, status, payload = results.get(timeout=0.2)
+            (got.__setitem__(rank, payload) if status == "ok" else errors.__setitem__(rank, payload.strip()))
+        except queue.Empty:
+            pass
+        dead = [r for r, p in enumerate(procs) if r not in got and r not in errors
+                and p.exitcode not in (None, 0)]
+        if (errors or dead) and grace_end is None:
+            grace_end = time.monotonic() + 2.0
+        if grace_end is None and now > deadline:
+            missing = sorted(set(range(world)) - set(got))
+            raise LaunchError(f"ranks {missing} did not finish within {timeout_s:.0f} s (timeout)")
+    if len(got) == world:
+        return [got[r] for r in range(world)]
+    crashed = [f"rank {r} died with exit code {p.exitcode} ({_signal_name(p.exitcode)}) before reporting"
+               for r, p in enumerate(procs) if r not in got and r not in errors and p.exitcode not in (None, 0)]
+    failed = [f"rank {r} failed: {e}" for r, e in sorted(errors.items())]
+    raise LaunchError("; ".join(crashed + failed) or "ranks stopped without reporting")
+
+
+def _signal_name(code: int) -> str:
+    if code is not None and code < 0:
+        import signal
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return "error exit"
+
+
+def _run_joined(fn, joined, device_type, timeout_s, args) -> list:
+    rank, world, local_rank = joined
+    ctx = _init(rank, world, local_rank, device_type, timeout_s)
+    try:
+        out = fn(ctx, *args)
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(out, gathered, dst=0)
+        return gathered if rank == 0 else []
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,135 @@
+"""Results: versioned JSONL records with provenance, and the table printed to the terminal.
+
+One record per (case, backend, phase). Units live in key names (_us, _GBps, _bytes).
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+SCHEMA = "moebench.result/1"
+ENV_ALLOWLIST = ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "NCCL_PROTO", "NCCL_ALGO", "NCCL_IB_HCA",
+                 "NVSHMEM_DISABLE_NVLS", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "CUDA_HOME",
+                 "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "USE_MNNVL", "TRITON_INTERPRET",
+                 "NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API", "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API")
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _pkg_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_sha() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (sha + ("-dirty" if dirty else "")) if sha else None
+
+
+@functools.lru_cache(maxsize=1)
+def provenance() -> dict:
+    """Versions and hardware of this process's machine; absent things are None, never an error."""
+    import torch
+    env = {
+        "git_sha": git_sha(), "python": platform.python_version(), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "nccl": None, "triton": _pkg_version("triton"),
+        "deep_ep": _pkg_version("deep_ep") or _pkg_version("deep-ep"),
+        "megatron_core": _pkg_version("megatron-core") or _pkg_version("megatron_core"),
+        "transformer_engine": _pkg_version("transformer_engine") or _pkg_version("transformer-engine"),
+        "hostname": socket.gethostname(), "driver": None, "gpu": None, "gpu_count": 0, "cc": None,
+        "env": {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ},
+    }
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        env.update(gpu=p.name, gpu_count=torch.cuda.device_count(), cc=f"{p.major}.{p.minor}",
+                   sms=p.multi_processor_count)
+        try:
+            env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001 - a torch without NCCL
+            pass
+        env["driver"] = _driver_version()
+    return env
+
+
+def _driver_version() -> str | None:
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        v = pynvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else v
+    except Exception:  # noqa: BLE001 - NVML is optional
+        return None
+
+
+def repro_command(argv: list[str] | None, module: str) -> str:
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join([f"python -m {module}", *args])
+
+
+def write_jsonl(path: str | os.PathLike, records: list[dict], append: bool = True) -> None:
+    p = Path(path)
+    if p.parent != Path(""):
+        p.parent.mkdir(parents=True, exist_ok=True)
+    with p.open("a" if append else "w") as f:
+        for r in records:
+            f.write(json.dumps(r, default=str) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    out = []
+    with Path(path).open() as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if line:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+    return out
+
+
+def _fmt(v, nd=1):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}" if v == v else "nan"
+    return str(v)
+
+
+TABLE_COLUMNS = ("backend", "phase", "median us", "p90 us", "algbw GB/s", "busbw GB/s", "wirebw GB/s",
+                 "frac ceil", "check")
+
+
+def table_rows(records: list[dict]) -> list[list[str]]:
+    rows = []
+    for r in records:
+        t, tr = r.get("timing") or {}, r.get("traffic") or {}
+        check = r["check"]["status"] + (f" ({r['check']['error']})" if r["check"].get("error") else "")
+        rows.append([r["backend"]["name"], r["phase"], _fmt(t.get("median_us")), _fmt(t.get("p90_us")),
+                     _fmt(tr.get("algbw_GBps")), _fmt(tr.get("busbw_GBps")), _fmt(tr.get("wirebw_GBps")),
+                     _fmt(tr.get("frac_of_ceiling"), 3), check])
+    return rows
+
+
+def format_table(records: list[dict]) -> str:
+    from tabulate import tabulate
+    return tabulate(table_rows(records), headers=TABLE_COLUMNS, tablefmt="simple", disable_numparse=True)

@@ -1,0 +1,166 @@
+"""One case, one backend: check against the oracle on every rank, then time each phase.
+
+Each backend runs in its own launch of rank processes, so one that crashes or hangs is reported
+FAIL and the next backend still runs. Rank results come back to the parent, which applies the
+byte rule (traffic.py) and builds the JSONL records (results.py).
+"""
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from . import ceilings, reference, results, traffic
+from .backends import base
+from .launch import LaunchError, RankContext, run_ranks
+from .timing import Timer
+from .workload import Workload, WorkloadError
+
+
+@dataclass
+class Options:
+    device: str = "cpu"              # cpu | cuda
+    iters: int = 20
+    warmup_ms: float = 200.0
+    flush_l2: bool = True
+    timeout_s: float = 600.0
+    knobs: dict = field(default_factory=dict)        # passed to every backend (num_sms, ops_impl, ...)
+    ceiling_gbps: float | None = None
+    measure_ceiling: bool = True
+
+
+def _agree_error(err: str, group) -> str:
+    """The first rank's non-empty error, the same on every rank (so all ranks skip timing together)."""
+    if dist.get_world_size(group) == 1:
+        return err
+    errs = [None] * dist.get_world_size(group)
+    dist.all_gather_object(errs, err, group=group)
+    return next((f"{e}" for e in errs if e), "")
+
+
+def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: bool) -> dict:
+    """Runs on every rank. Returns {status, error, phases: {phase: Stats dict}, knobs, a2a}."""
+    out = {"status": "FAIL", "error": "", "phases": {}, "knobs": {}, "version": "", "a2a": None}
+    dev = ctx.device
+    try:
+        cls = base.get(name)
+        out["version"] = cls.version()
+        b = cls(knob_values=dict(opts.knobs))
+        b.validate(w, ctx.world)
+        b.setup(ctx.group, w, dev)
+        out["knobs"] = b.knobs()
+        x, idx, wt, q, s = reference.rank_inputs(w, ctx.rank, dev)
+        payload = q if q is not None else x
+        err = _check(b, w, ctx.rank, payload, idx, wt, s, dev)
+    except base.Unavailable as e:
+        out.update(status="WAIVED", error=str(e))
+        err = f"WAIVED: {e}"
+    except Exception as e:  # noqa: BLE001 - a failing backend is a FAIL row, not a crash
+        err = f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+    err = _agree_error(err, ctx.group)
+    if err:
+        if not err.startswith("WAIVED"):
+            out.update(status="FAIL", error=err)
+        return out
+    timer = Timer(dev, ctx.group, opts.flush_l2)
+    d = b.dispatch(payload, idx, wt, s)
+    y = reference.apply_experts(d.x_RH[: sum(int(c) for c in d.tokens_per_expert)], d.tokens_per_expert,
+                                ctx.rank, w, d.scales_RS)
+    y = _pad_rows(y, d.x_RH.shape[0])
+    phases = {"dispatch": lambda: b.dispatch(payload, idx, wt, s), "combine": lambda: b.combine(y, d.handle)}
+    phases.update(b.extra_phases(payload, idx, wt))
+    for phase, fn in phases.items():
+        out["phases"][phase] = timer.run(fn, opts.iters, opts.warmup_ms).asdict()
+    if measure:
+        bytes_per_rank = w.num_tokens * w.topk * w.bytes_per_token
+        out["a2a"] = ceilings.measure_alltoall(timer, ctx.group, dev, bytes_per_rank, opts.iters)
+    b.teardown()
+    out.update(status="PASS", knobs=b.knobs())
+    return out
+
+
+def _pad_rows(y, rows):
+    if y.shape[0] == rows:
+        return y
+    return torch.cat([y, y.new_zeros(rows - y.shape[0], *y.shape[1:])])
+
+
+def _check(b, w, rank, payload, idx, wt, scales, dev) -> str:
+    exp_rows, exp_scales = reference.expected_dispatch(w, rank, dev)
+    d = b.dispatch(payload, idx, wt, scales)
+    tpe = [int(c) for c in d.tokens_per_expert]
+    got_rows = reference.split_rows(d.x_RH, tpe)
+    got_scales = reference.split_rows(d.scales_RS, tpe) if d.scales_RS is not None else None
+    err = reference.check_dispatch(got_rows, got_scales, exp_rows, exp_scales, rank, w)
+    if err:
+        return "dispatch: " + err
+    y = _pad_rows(reference.apply_experts(d.x_RH[: sum(tpe)], tpe, rank, w, d.scales_RS), d.x_RH.shape[0])
+    out = b.combine(y, d.handle)
+    err = reference.check_combine(out, reference.expected_combine(payload, idx, wt, w, scales))
+    return "combine: " + err if err else ""
+
+
+def run_backend(w: Workload, name: str, opts: Options, measure: bool) -> dict:
+    """Launch the ranks for one backend; a crash or timeout becomes a FAIL result."""
+    try:
+        outs = run_ranks(rank_main, w.ep, opts.device, opts.timeout_s, args=(w, name, opts, measure))
+    except LaunchError as e:
+        return {"status": "FAIL", "error": str(e).splitlines()[0][:500], "phases": {}, "knobs": {},
+                "version": "", "a2a": None}
+    return outs[0] if outs else {}
+
+
+def run_case(w: Workload, names: list[str], opts: Options, argv: list[str] | None, progress=print) -> list[dict]:
+    """Every backend on one workload; returns the JSONL records (rank 0's view)."""
+    t = traffic.traffic_of([reference.make_routing(w, r)[0] for r in range(w.ep)], w)
+    recs, measured = [], None
+    for name in names:
+        start = results.utc_now()
+        ok, why = base.get(name).available()
+        if not ok:
+            res = {"status": "WAIVED", "error": why, "phases": {}, "knobs": {}, "version": "", "a2a": None}
+        else:
+            progress(f"# running {name} on EP {w.ep} ...")
+            res = run_backend(w, name, opts, measure=opts.measure_ceiling and measured is None)
+            measured = measured or res.get("a2a")
+        if not res:
+            continue
+        recs += build_records(w, name, res, t, measured, opts, argv, start)
+    return recs
+
+
+def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
+    prov = results.provenance()
+    gpu = prov.get("gpu") if opts.device == "cuda" else None
+    cls = base.get(name)
+    phases = res["phases"] or {"dispatch": None, "combine": None}
+    recs = []
+    for phase, timing in phases.items():
+        b = traffic.phase_bytes(t, w, "combine" if phase == "combine" else "dispatch", cls.dedup)
+        rec_traffic = {k: v for k, v in b.items()}
+        if timing:
+            rec_traffic.update(traffic.bandwidth(b, timing["median_us"] * 1e-6))
+            nominal = ceilings.ceiling_for(gpu, b["net_bytes"], opts.ceiling_gbps)
+            rec_traffic.update(nominal)
+            if nominal["ceiling_GBps"] and b["bus_bytes"]:
+                rec_traffic["frac_of_ceiling"] = rec_traffic["busbw_GBps"] / nominal["ceiling_GBps"]
+            if measured:
+                rec_traffic["measured_ceiling_GBps"] = measured[1]
+                rec_traffic["frac_of_measured"] = rec_traffic["busbw_GBps"] / measured[1]
+        recs.append({
+            "schema": results.SCHEMA, "argv": argv, "repro": results.repro_command(argv, "moebench.dispatch"),
+            "workload": w.asdict(), "device": opts.device,
+            "backend": {"name": name, "version": res.get("version"), "knobs": res.get("knobs"),
+                        "dedup": cls.dedup},
+            "phase": phase, "timing": timing, "traffic": rec_traffic,
+            "check": {"status": res["status"], "error": res.get("error") or None},
+            "byte_rule": "moebench/1: pairs = (token, destination rank); algbw incl. local, busbw remote only",
+            "env": prov, "start_utc": start, "end_utc": results.utc_now(),
+        })
+    return recs
+
+
+__all__ = ["Options", "run_case", "WorkloadError"]

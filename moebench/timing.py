@@ -1,0 +1,95 @@
+"""Timing: warm-up by a time budget, a barrier before every timed call, optional L2 flush,
+CUDA events around the call, per-iteration max over ranks, then median / p10 / p90 / min.
+
+On CPU (gloo) the same loop runs with a host clock: the numbers say the code works, not how fast.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+L2_FLUSH_BYTES = 256 << 20
+
+
+@dataclass
+class Stats:
+    timer: str
+    iters: int
+    median_us: float
+    p10_us: float
+    p90_us: float
+    min_us: float
+    samples_us: list[float]
+
+    def asdict(self) -> dict:
+        return {"timer": self.timer, "iters": self.iters, "rank_agg": "max over ranks per iteration",
+                "median_us": self.median_us, "p10_us": self.p10_us, "p90_us": self.p90_us,
+                "min_us": self.min_us, "samples_us": [round(x, 3) for x in self.samples_us]}
+
+
+def stats(times_s: list[float], timer: str) -> Stats:
+    samples = [x * 1e6 for x in times_s]
+    t = sorted(samples)
+    q = lambda p: t[min(len(t) - 1, max(0, math.ceil(p * len(t)) - 1))]  # noqa: E731
+    return Stats(timer, len(t), _median(t), q(0.10), q(0.90), t[0], samples)
+
+
+def _median(t: list[float]) -> float:
+    n = len(t)
+    return t[n // 2] if n % 2 else 0.5 * (t[n // 2 - 1] + t[n // 2])
+
+
+class Timer:
+    """Times zero-argument callables the same way on every rank of `group`."""
+
+    def __init__(self, device: torch.device, group=None, flush_l2: bool = True):
+        self.device, self.group = device, group
+        self.cuda = device.type == "cuda"
+        self.flush_buf = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device) if (self.cuda and flush_l2) else None
+        self._token = torch.zeros(1, device=device)
+
+    def barrier(self) -> None:
+        if self.group is not None and dist.get_world_size(self.group) > 1:
+            dist.all_reduce(self._token, group=self.group)
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def _once(self, fn) -> float:
+        if self.flush_buf is not None:
+            self.flush_buf.zero_()
+        self.barrier()
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e-3
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    def agree_max(self, values: list[float]) -> list[float]:
+        """Element-wise max over ranks (every rank gets the same list)."""
+        t = torch.tensor(values, dtype=torch.float64, device=self.device if self.cuda else "cpu")
+        if self.group is not None and dist.get_world_size(self.group) > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return t.tolist()
+
+    def warmup(self, fn, budget_ms: float, max_calls: int = 1000) -> int:
+        """At least two calls, then as many as fit the budget; every rank makes the same number."""
+        first = self.agree_max([self._once(fn), self._once(fn)])
+        per_call = max(first[1], 1e-6)
+        n = int(self.agree_max([min(max_calls, budget_ms * 1e-3 / per_call)])[0])
+        for _ in range(n):
+            self._once(fn)
+        return n + 2
+
+    def run(self, fn, iters: int, warmup_ms: float) -> Stats:
+        self.warmup(fn, warmup_ms)
+        times = self.agree_max([self._once(fn) for _ in range(iters)])
+        return stats(times, "cuda-event" if self.cuda else "host-clock (CPU: functional only)")

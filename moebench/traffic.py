@@ -1,0 +1,91 @@
+"""The byte rule: one rule, three named figures, the same for every backend.
+
+For every (source rank s, destination rank d), count
+  pairs[s, d]  tokens of s with at least one expert on d (a token travels to d once)
+  slots[s, d]  (token, k) slots of s whose expert lives on d (what a non-deduplicating path sends)
+Then for rank r:
+  algbw  = sum_s pairs[s, r] * bytes_per_token / t            local pairs included (DeepEP's "NVL bytes")
+  busbw  = sum_{s != r} pairs[s, r] * bytes_per_token / t     what crossed links; split nvlink / net by node
+  wirebw = bytes the backend really moved / t                 dedup backends: = busbw bytes;
+                                                              alltoall: remote slots (+ 4-byte probs)
+Combine sends the same pairs back, always in bf16. Per-rank figures are averaged over ranks and the
+time t is the per-iteration max over ranks (timing.py), so a slow rank slows everybody's figure.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .workload import Workload
+
+
+@dataclass
+class Traffic:
+    pairs_SD: torch.Tensor      # int64 [W, W]
+    slots_SD: torch.Tensor      # int64 [W, W]
+    gpus_per_node: int
+
+    @property
+    def world(self) -> int:
+        return self.pairs_SD.shape[0]
+
+    def per_rank(self) -> dict[str, torch.Tensor]:
+        """Received counts per destination rank: total, remote, nvlink (same node), net, remote slots."""
+        W = self.world
+        node = torch.arange(W) // self.gpus_per_node
+        same_node = node[:, None] == node[None, :]
+        remote = ~torch.eye(W, dtype=torch.bool)
+        return {
+            "pairs": self.pairs_SD.sum(0),
+            "remote_pairs": (self.pairs_SD * remote).sum(0),
+            "nvlink_pairs": (self.pairs_SD * (remote & same_node)).sum(0),
+            "net_pairs": (self.pairs_SD * ~same_node).sum(0),
+            "remote_slots": (self.slots_SD * remote).sum(0),
+        }
+
+
+def count_pairs(topk_idx_TK: torch.Tensor, w: Workload) -> tuple[torch.Tensor, torch.Tensor]:
+    """One source rank's row of pairs and slots, each int64 [W]. Masked (-1) slots go nowhere."""
+    idx = topk_idx_TK.cpu()
+    valid = idx >= 0
+    dest = torch.where(valid, idx // w.local_experts, 0)
+    onehot = torch.zeros(idx.shape[0], w.ep, dtype=torch.int64)
+    onehot.scatter_add_(1, dest, valid.to(torch.int64))
+    slots = onehot.sum(0)
+    pairs = (onehot > 0).sum(0)
+    return pairs, slots
+
+
+def traffic_of(routings: list[torch.Tensor], w: Workload) -> Traffic:
+    """Traffic from every rank's topk_idx (index = source rank)."""
+    rows = [count_pairs(idx, w) for idx in routings]
+    return Traffic(torch.stack([p for p, _ in rows]), torch.stack([s for _, s in rows]), w.gpus_per_node)
+
+
+def phase_bytes(t: Traffic, w: Workload, phase: str, dedup: bool) -> dict[str, float]:
+    """Mean-over-ranks received bytes for a phase ('dispatch' carries w.dtype, 'combine' bf16)."""
+    bpt = w.bytes_per_token if phase == "dispatch" else 2 * w.hidden
+    c = {k: v.double().mean().item() for k, v in t.per_rank().items()}
+    wire_rows = c["remote_pairs"] if dedup else c["remote_slots"]
+    wire_extra = 0 if dedup or phase != "dispatch" else 4   # the alltoall path's second a2a carries fp32 probs
+    return {
+        "pairs": c["pairs"],
+        "bytes": c["pairs"] * bpt,
+        "bus_bytes": c["remote_pairs"] * bpt,
+        "nvlink_bytes": c["nvlink_pairs"] * bpt,
+        "net_bytes": c["net_pairs"] * bpt,
+        "wire_bytes": wire_rows * (bpt + wire_extra),
+    }
+
+
+def bandwidth(b: dict[str, float], seconds: float) -> dict[str, float]:
+    """GB/s (1e9 bytes) for each byte figure of phase_bytes()."""
+    gb = 1e-9 / seconds if seconds > 0 else float("nan")
+    return {
+        "algbw_GBps": b["bytes"] * gb,
+        "busbw_GBps": b["bus_bytes"] * gb,
+        "nvlink_GBps": b["nvlink_bytes"] * gb,
+        "net_GBps": b["net_bytes"] * gb,
+        "wirebw_GBps": b["wire_bytes"] * gb,
+    }

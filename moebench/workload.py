@@ -1,0 +1,224 @@
+"""The workload: shape, EP degree, payload dtype and routing, validated on construction.
+
+Every rank can regenerate every other rank's tokens and routing from (seed, rank) alone, which
+is what lets the oracle (reference.py) and the byte rule (traffic.py) run without gathering
+payloads. Routing specs are strings so that they fit on a command line and in a JSONL record:
+
+    uniform            distinct random experts per token
+    balanced           every expert gets the same load (benchmark-only forced balance)
+    zipf:S             expert popularity ~ 1/rank^S (hot experts)
+    group:G:M          DeepSeek group-limited: experts only from the top M of G groups
+    trace:FILE         replay topk_idx [N, K] (or [W, T, K]) from a .pt or .npz file
+    <base>,masked:P    modifier: a fraction P of top-k slots set to -1
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+FP8_BLOCK = 128
+DTYPES = ("bf16", "fp8")
+
+
+class WorkloadError(ValueError):
+    """Bad user input; the CLI prints it as one line and exits 2."""
+
+
+@dataclass(frozen=True)
+class Routing:
+    kind: str                  # uniform | balanced | zipf | group | trace
+    zipf_s: float = 0.0
+    groups: int = 0
+    top_groups: int = 0
+    trace: str = ""
+    masked: float = 0.0
+
+    @staticmethod
+    def parse(spec: str) -> "Routing":
+        parts = [p.strip() for p in spec.split(",") if p.strip()]
+        if not parts:
+            raise WorkloadError("empty routing spec")
+        fields: dict = {}
+        for mod in parts[1:]:
+            name, _, val = mod.partition(":")
+            if name != "masked":
+                raise WorkloadError(f"unknown routing modifier {name!r} (known: masked:P)")
+            fields["masked"] = _number(val, mod, float)
+            if not 0.0 <= fields["masked"] < 1.0:
+                raise WorkloadError(f"masked:P needs 0 <= P < 1, got {val}")
+        name, _, rest = parts[0].partition(":")
+        args = rest.split(":") if rest else []
+        if name in ("uniform", "balanced") and not args:
+            return Routing(name, **fields)
+        if name == "zipf" and len(args) == 1:
+            return Routing("zipf", zipf_s=_number(args[0], parts[0], float), **fields)
+        if name == "group" and len(args) == 2:
+            g, m = (_number(a, parts[0], int) for a in args)
+            return Routing("group", groups=g, top_groups=m, **fields)
+        if name == "trace" and rest:
+            return Routing("trace", trace=rest, **fields)
+        raise WorkloadError(
+            f"unknown routing {spec!r} (known: uniform, balanced, zipf:S, group:G:M, trace:FILE, "
+            "each optionally followed by ,masked:P)")
+
+    def __str__(self) -> str:
+        base = {"zipf": f"zipf:{self.zipf_s:g}", "group": f"group:{self.groups}:{self.top_groups}",
+                "trace": f"trace:{self.trace}"}.get(self.kind, self.kind)
+        return base + (f",masked:{self.masked:g}" if self.masked else "")
+
+
+def _number(text: str, spec: str, kind):
+    try:
+        return kind(text)
+    except ValueError:
+        raise WorkloadError(f"bad number {text!r} in routing {spec!r}") from None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmark case. Fields are per rank; `ep` ranks hold `num_experts // ep` experts each."""
+    num_tokens: int = 4096
+    hidden: int = 7168
+    num_experts: int = 256
+    topk: int = 8
+    ep: int = 8
+    dtype: str = "bf16"
+    routing: str = "uniform"
+    seed: int = 0
+    gpus_per_node: int = 8      # ranks r and r' share a node when r // gpus_per_node matches
+
+    def __post_init__(self):
+        for name in ("num_tokens", "hidden", "num_experts", "ep", "gpus_per_node"):
+            if getattr(self, name) < 1:
+                raise WorkloadError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.topk <= self.num_experts:
+            raise WorkloadError(f"--topk must be in [1, num_experts={self.num_experts}], got {self.topk}")
+        if self.num_experts % self.ep:
+            raise WorkloadError(f"--num-experts {self.num_experts} is not divisible by --ep {self.ep}")
+        if self.dtype not in DTYPES:
+            raise WorkloadError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype == "fp8" and self.hidden % FP8_BLOCK:
+            raise WorkloadError(f"fp8 needs --hidden divisible by {FP8_BLOCK}, got {self.hidden}")
+        r = self.route
+        if r.kind == "group":
+            if r.groups < 1 or self.num_experts % r.groups or not 1 <= r.top_groups <= r.groups:
+                raise WorkloadError(f"group:G:M needs G dividing {self.num_experts} experts and 1 <= M <= G")
+            if self.topk > r.top_groups * (self.num_experts // r.groups):
+                raise WorkloadError(f"group:{r.groups}:{r.top_groups} leaves fewer than topk={self.topk} experts")
+        if r.kind == "zipf" and r.zipf_s < 0:
+            raise WorkloadError("zipf:S needs S >= 0")
+        if r.kind == "trace":
+            load_trace(r.trace, self.topk, self.num_experts)   # fail early and clearly
+
+    @property
+    def route(self) -> Routing:
+        return Routing.parse(self.routing)
+
+    @property
+    def local_experts(self) -> int:
+        return self.num_experts // self.ep
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Payload bytes per token on the wire: bf16 2H; fp8 H + 4 bytes per 128-wide scale."""
+        return 2 * self.hidden if self.dtype == "bf16" else self.hidden + 4 * (self.hidden // FP8_BLOCK)
+
+    def replace(self, **kw) -> "Workload":
+        return dataclasses.replace(self, **kw)
+
+    def asdict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _generator(w: Workload, rank: int, stream: int) -> torch.Generator:
+    return torch.Generator().manual_seed(((w.seed * 1_000_003 + rank) * 7 + stream) % (2**63))
+
+
+def make_tokens(w: Workload, rank: int, device="cpu") -> torch.Tensor:
+    """x_TH in bf16, N(0,1), deterministic from (seed, rank); generated on CPU so every device agrees."""
+    x = torch.randn(w.num_tokens, w.hidden, generator=_generator(w, rank, 0))
+    return x.to(torch.bfloat16).to(device)
+
+
+def make_routing(w: Workload, rank: int, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_idx_TK int64 with -1 for masked slots, topk_w_TK fp32 softmax over the chosen logits)."""
+    g = _generator(w, rank, 1)
+    r = w.route
+    T, E, K = w.num_tokens, w.num_experts, w.topk
+    if r.kind == "uniform":
+        idx = torch.rand(T, E, generator=g).topk(K, dim=1).indices
+    elif r.kind == "balanced":
+        idx = _balanced(T, E, K, rank, g)
+    elif r.kind == "zipf":
+        pop = 1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** r.zipf_s
+        pop = pop[torch.randperm(E, generator=torch.Generator().manual_seed(w.seed))]  # same hot set on every rank
+        idx = torch.multinomial(pop.expand(T, E).float(), K, replacement=False, generator=g)
+    elif r.kind == "group":
+        scores = torch.rand(T, E, generator=g)
+        per_group = E // r.groups
+        group_score = scores.view(T, r.groups, per_group).max(dim=2).values
+        keep = group_score.topk(r.top_groups, dim=1).indices
+        mask = torch.zeros(T, r.groups, dtype=torch.bool).scatter_(1, keep, True)
+        scores = scores.masked_fill(~mask.repeat_interleave(per_group, dim=1), -1.0)
+        idx = scores.topk(K, dim=1).indices
+    else:
+        trace = load_trace(r.trace, K, E)
+        rows = (torch.arange(T) + rank * T) % trace.shape[0]
+        idx = trace[rows]
+    idx = idx.to(torch.int64)
+    logits = torch.randn(T, K, generator=g)
+    if r.masked:
+        masked = torch.rand(T, K, generator=g) < r.masked
+        idx = idx.masked_fill(masked, -1)
+        logits = logits.masked_fill(masked, float("-inf"))
+    weights = torch.softmax(logits, dim=1).nan_to_num(0.0)   # a token with every slot masked gets 0s
+    return idx.to(device), weights.to(device)
+
+
+def _balanced(T: int, E: int, K: int, rank: int, g: torch.Generator) -> torch.Tensor:
+    """Token t takes K consecutive experts from (t*K + rank*T*K) mod E: distinct per token (K <= E),
+    and every expert gets T*K/E slots per rank whenever E divides T*K (within one otherwise)."""
+    start = (torch.arange(T) * K + rank * T * K) % E
+    idx = (start[:, None] + torch.arange(K)[None, :]) % E
+    return idx[torch.randperm(T, generator=g)]
+
+
+def load_trace(path: str, topk: int, num_experts: int) -> torch.Tensor:
+    """Read topk_idx from a .pt (tensor, or dict with 'topk_idx') or .npz (key 'topk_idx')."""
+    p = Path(path)
+    try:
+        if p.suffix == ".npz":
+            import numpy as np
+            with np.load(p) as z:
+                t = torch.from_numpy(z["topk_idx"] if "topk_idx" in z else z[z.files[0]])
+        else:
+            t = torch.load(p, map_location="cpu", weights_only=True)
+            t = t["topk_idx"] if isinstance(t, dict) else t
+    except Exception as e:  # noqa: BLE001 - any read failure is one clear line
+        raise WorkloadError(f"cannot read routing trace {path}: {type(e).__name__}: {e}") from None
+    if not isinstance(t, torch.Tensor) or t.dim() not in (2, 3) or t.shape[-1] != topk:
+        raise WorkloadError(f"trace {path}: need topk_idx of shape [N, {topk}] or [W, T, {topk}]")
+    t = t.reshape(-1, topk).to(torch.int64)
+    if t.numel() == 0 or t.max() >= num_experts or t.min() < -1:
+        raise WorkloadError(f"trace {path}: expert ids must lie in [-1, {num_experts})")
+    srt = t.sort(dim=1).values
+    if ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any():
+        raise WorkloadError(f"trace {path}: a token lists the same expert twice")
+    return t
+
+
+def fp8_quantize(x_TH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token, per-128-column blocks: scale = amax/448, returns (x_fp8 e4m3 [T,H], scales fp32 [T,H/128])."""
+    T, H = x_TH.shape
+    blocks = x_TH.float().view(T, H // FP8_BLOCK, FP8_BLOCK)
+    scales = blocks.abs().amax(dim=2).clamp(min=1e-4) / 448.0
+    q = (blocks / scales[..., None]).to(torch.float8_e4m3fn).view(T, H)
+    return q, scales
+
+
+def fp8_dequantize(q_TH: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    T, H = q_TH.shape
+    return (q_TH.float().view(T, H // FP8_BLOCK, FP8_BLOCK) * scales[..., None]).view(T, H)

@@ -1,0 +1,18 @@
+"""Test tiers: the default CPU tier runs anywhere; `gpu` / `multigpu` tests skip without GPUs."""
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")          # never use NVLink multicast on shared hosts
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for item in items:
+        if "gpu" in item.keywords and ngpu < 1:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        if "multigpu" in item.keywords and ngpu < 2:
+            item.add_marker(pytest.mark.skip(reason=f"needs 2+ CUDA GPUs, {ngpu} visible"))
