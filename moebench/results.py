@@ -34,6 +34,9 @@ def _pkg_version(name: str) -> str | None:
 
 
 def git_sha() -> str | None:
+    """HEAD of the checkout (+ '-dirty'); MOEBENCH_GIT_SHA overrides it for copies without history."""
+    if os.environ.get("MOEBENCH_GIT_SHA"):
+        return os.environ["MOEBENCH_GIT_SHA"]
     root = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
@@ -42,7 +45,9 @@ def git_sha() -> str | None:
                                capture_output=True, text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-    return (sha + ("-dirty" if dirty else "")) if sha else None
+    if len(sha) != 40:
+        return None
+    return sha + ("-dirty" if dirty else "")
 
 
 @functools.lru_cache(maxsize=1)

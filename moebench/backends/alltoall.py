@@ -46,12 +46,11 @@ class AlltoallBackend(Backend):
 
     def _a2a(self, x: torch.Tensor, out_rows: int, out_splits, in_splits) -> torch.Tensor:
         """all_to_all_single on rows; fp8 travels as bytes (NCCL and gloo have no fp8 type)."""
+        if self.world == 1:
+            return x            # Megatron's _AllToAll is bypassed for one rank as well
         flat = x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x
         out = flat.new_empty((out_rows, *flat.shape[1:]))
-        if self.world == 1:
-            out.copy_(flat)
-        else:
-            dist.all_to_all_single(out, flat.contiguous(), out_splits, in_splits, group=self.group)
+        dist.all_to_all_single(out, flat.contiguous(), out_splits, in_splits, group=self.group)
         return out.view(x.dtype) if x.dtype == torch.float8_e4m3fn else out
 
     def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
