@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from . import results
+from . import results, sweep
 from .backends import base
 from .runner import Options, run_case
 from .workload import DTYPES, Workload, WorkloadError
@@ -42,6 +42,7 @@ def parser() -> argparse.ArgumentParser:
                    help="permute/unpermute implementation of the alltoall path")
     p.add_argument("--no-flush-l2", action="store_true", help="skip the L2 flush before timed calls")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per backend launch")
+    sweep.add_args(p)       # --sweep NAME, --knob-sweep, --max-cases, --redo-failed (moebench/sweep.py)
     return p
 
 
@@ -89,6 +90,8 @@ def build(args) -> tuple[Workload, list[str], Options, str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.sweep:
+        return sweep.main_sweep(args, argv)
     try:
         w, names, opts, note = build(args)
     except WorkloadError as e:

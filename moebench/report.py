@@ -1,0 +1,387 @@
+"""python -m moebench.report FILE...: tables, plots and A/B verdicts from moebench JSONL records.
+
+  FILE...                       tables grouped by shape family (H, E, K, EP, dtype, routing) and T
+  --plot PNG                    GB/s against tokens per rank, one line per backend, with the
+                                nominal and measured ceiling lines (one panel per shape x phase)
+  --compare A B                 matched A/B per row: A and B are two JSONL files (two containers,
+                                two commits) or two backend names within FILE...; B is judged
+                                against A: faster, slower, or within noise
+  --markdown / --json           for pasting into a review / for machines
+  --best-knobs                  the fastest knob setting per (backend, shape), from knob sweeps
+
+Noise band: the 95% bootstrap interval of the ratio of medians B/A, resampling the per-iteration
+times (`timing.samples_us`) of each side. Records without samples fall back to a normal
+approximation from the p10/p90 spread (and the output says so). A difference counts only when the
+interval excludes 1 and the change is at least --min-effect. The iterations of one process do not
+see run-to-run noise (clocks, placement): repeat a run and pass both files to see it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from . import sweep
+
+PHASES = ("dispatch", "combine")
+METRICS = ("busbw", "algbw", "wirebw", "nvlink", "net")
+Z95 = 1.959964
+
+
+class ReportError(ValueError):
+    """Bad input: one line on stderr, exit 2."""
+
+
+def load(paths) -> list[dict]:
+    """Records from JSONL files; a line cut short by a killed run is skipped with a note on stderr."""
+    out = []
+    for path in paths:
+        p = Path(path)
+        if not p.is_file():
+            raise ReportError(f"{path}: no such file")
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    print(f"# {path}:{n}: skipped a line that is not JSON", file=sys.stderr)
+                    continue
+                if isinstance(rec, dict) and "workload" in rec and "backend" in rec:
+                    rec.setdefault("_file", str(path))
+                    out.append(rec)
+    return out
+
+
+def family(w: dict) -> str:
+    s = f"H={w['hidden']} E={w['num_experts']} K={w['topk']} EP={w['ep']} {w['dtype']} {w['routing']}"
+    return s + (f" {w['gpus_per_node']}/node" if w["ep"] > w.get("gpus_per_node", 8) else "")
+
+
+def knob_str(r: dict) -> str:
+    short = lambda k: k.replace("env:NUM_OF_TOKENS_PER_CHUNK_", "chunk_").replace("_API", "").lower()  # noqa: E731
+    return " ".join(f"{short(k)}={v}" for k, v in sorted(sweep.knobs_of(r).items()))
+
+
+def timed(r: dict) -> bool:
+    return (r.get("check") or {}).get("status") == "PASS" and (r.get("timing") or {}).get("median_us") is not None
+
+
+def latest(records: list[dict]) -> list[dict]:
+    """One record per (workload, backend, knobs, phase, device, GPU): the last one read wins."""
+    seen = {}
+    for r in records:
+        key = (json.dumps(r["workload"], sort_keys=True), r["backend"]["name"], knob_str(r), r.get("phase"),
+               r.get("device"), (r.get("env") or {}).get("gpu"))
+        seen[key] = r
+    return list(seen.values())
+
+
+def _f(v, nd=1) -> str:
+    return "-" if v is None else (f"{v:.{nd}f}" if isinstance(v, (int, float)) and v == v else str(v))
+
+
+def _gb(v) -> str:
+    """GB/s: three significant digits below 100 (CPU runs are tiny), whole numbers above."""
+    return "-" if v is None else (f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}")
+
+
+TABLE_HEAD = ("T", "backend", "knobs", "phase", "median us", "p10-p90 us", "algbw GB/s", "busbw GB/s",
+              "frac ceil", "frac meas", "check")
+
+
+def _row(r: dict) -> list[str]:
+    t, tr = r.get("timing") or {}, r.get("traffic") or {}
+    spread = f"{_f(t.get('p10_us'))}-{_f(t.get('p90_us'))}" if t.get("p10_us") is not None else "-"
+    check = r["check"]["status"] + (f" ({r['check']['error'][:60]})" if r["check"].get("error") else "")
+    return [str(r["workload"]["num_tokens"]), r["backend"]["name"], knob_str(r) or "-", r["phase"],
+            _f(t.get("median_us")), spread, _gb(tr.get("algbw_GBps")), _gb(tr.get("busbw_GBps")),
+            _f(tr.get("frac_of_ceiling"), 3), _f(tr.get("frac_of_measured"), 3), check]
+
+
+def _groups(records: list[dict]) -> dict[str, list[dict]]:
+    phase_order = {p: i for i, p in enumerate(PHASES)}
+    out: dict[str, list[dict]] = {}
+    for r in sorted(records, key=lambda r: (family(r["workload"]), r["workload"]["num_tokens"],
+                                            r["backend"]["name"], knob_str(r),
+                                            phase_order.get(r["phase"], 9), r["phase"])):
+        env = r.get("env") or {}
+        where = f"{r.get('device')}" + (f", {env['gpu']}" if env.get("gpu") else "")
+        out.setdefault(f"{family(r['workload'])} ({where})", []).append(r)
+    return out
+
+
+def tables(records: list[dict], markdown: bool = False) -> str:
+    """Tables grouped by shape family and device, rows sorted by T, backend, knobs, phase."""
+    from tabulate import tabulate
+    parts = []
+    for title, recs in _groups(latest(records)).items():
+        parts.append(("### " if markdown else "# ") + title)
+        parts.append(tabulate([_row(r) for r in recs], headers=TABLE_HEAD,
+                              tablefmt="github" if markdown else "simple", disable_numparse=True))
+        if any(r.get("device") == "cpu" for r in recs):
+            parts.append(("" if markdown else "# ") + "CPU/gloo rows: functional only, not performance figures")
+        parts.append("")
+    return "\n".join(parts)
+
+
+# ---- A/B compare ---------------------------------------------------------------------------------
+
+def side(recs: list[dict]) -> dict:
+    """Median and noise data of one side of a comparison (records of one key, pooled)."""
+    samples = [s for r in recs for s in ((r["timing"].get("samples_us") or []))]
+    if samples and all(r["timing"].get("samples_us") for r in recs):
+        return {"median": float(np.median(samples)), "samples": np.asarray(samples, float), "source": "samples"}
+    t = recs[-1]["timing"]
+    n = max(2, int(t.get("iters") or 2))
+    sd = max(0.0, (t.get("p90_us", t["median_us"]) - t.get("p10_us", t["median_us"]))) / 2.563
+    return {"median": t["median_us"], "se": 1.2533 * sd / math.sqrt(n), "source": "p10/p90"}
+
+
+def ratio_interval(a: dict, b: dict, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float, str]:
+    """(B/A ratio of medians, 95% low, high, method)."""
+    ratio = b["median"] / a["median"]
+    if "samples" in a and "samples" in b:
+        rng = np.random.default_rng(seed)
+        ma = np.median(rng.choice(a["samples"], (n_boot, a["samples"].size)), axis=1)
+        mb = np.median(rng.choice(b["samples"], (n_boot, b["samples"].size)), axis=1)
+        lo, hi = np.quantile(mb / ma, [0.025, 0.975])
+        return ratio, float(lo), float(hi), "bootstrap"
+    sa = a.get("se", 0.0) / a["median"] if "se" in a else _se_rel(a)
+    sb = b.get("se", 0.0) / b["median"] if "se" in b else _se_rel(b)
+    half = Z95 * math.hypot(sa, sb)
+    return ratio, ratio * math.exp(-half), ratio * math.exp(half), "p10/p90 approx"
+
+
+def _se_rel(s: dict) -> float:
+    x = s["samples"]
+    q10, q90 = np.quantile(x, [0.1, 0.9])
+    return 1.2533 * (q90 - q10) / 2.563 / math.sqrt(x.size) / s["median"]
+
+
+def verdict(ratio: float, lo: float, hi: float, min_effect: float = 0.01) -> str:
+    """B against A: B takes `ratio` of A's time; faster/slower only when the interval excludes 1."""
+    if hi < 1.0 and 1.0 - ratio >= min_effect:
+        return "faster"
+    if lo > 1.0 and ratio - 1.0 >= min_effect:
+        return "slower"
+    return "within noise"
+
+
+def _best_by_key(records: list[dict], key) -> dict:
+    """key(record) -> records of the knob setting with the lowest median at that key."""
+    groups: dict = {}
+    for r in records:
+        if timed(r) and r["phase"] in PHASES:
+            groups.setdefault(key(r), {}).setdefault(knob_str(r), []).append(r)
+    return {k: min(v.values(), key=lambda rs: float(np.median([r["timing"]["median_us"] for r in rs])))
+            for k, v in groups.items()}
+
+
+def compare(recs_a: list[dict], recs_b: list[dict], min_effect: float = 0.01, by_backend: bool = False) -> dict:
+    """Matched A/B rows. by_backend: A and B are two backends' records, matched on workload and phase;
+    else two runs, matched on workload, backend and phase. Returns {rows, only_a, only_b}."""
+    def key(r):
+        k = (json.dumps(r["workload"], sort_keys=True), r["phase"])
+        return k if by_backend else k + (r["backend"]["name"],)
+    a, b = _best_by_key(recs_a, key), _best_by_key(recs_b, key)
+    rows = []
+    for k in sorted(set(a) & set(b), key=lambda k: (family(json.loads(k[0])), json.loads(k[0])["num_tokens"],
+                                                   k[2:], PHASES.index(k[1]))):
+        sa, sb = side(a[k]), side(b[k])
+        ratio, lo, hi, method = ratio_interval(sa, sb)
+        w = json.loads(k[0])
+        rows.append({"family": family(w), "num_tokens": w["num_tokens"], "phase": k[1],
+                     "backend_a": a[k][0]["backend"]["name"], "backend_b": b[k][0]["backend"]["name"],
+                     "knobs_a": knob_str(a[k][0]), "knobs_b": knob_str(b[k][0]),
+                     "a_median_us": sa["median"], "b_median_us": sb["median"], "ratio": ratio,
+                     "ci_low": lo, "ci_high": hi, "noise": method,
+                     "verdict": verdict(ratio, lo, hi, min_effect)})
+    return {"rows": rows, "only_a": len(set(a) - set(b)), "only_b": len(set(b) - set(a))}
+
+
+def format_compare(res: dict, label_a: str, label_b: str, markdown: bool = False) -> str:
+    from tabulate import tabulate
+    head = ("shape", "T", "backend", "phase", f"A us ({label_a})", f"B us ({label_b})", "B/A", "95% interval",
+            "verdict", "noise band from")
+    rows = []
+    for r in res["rows"]:
+        be = r["backend_a"] if r["backend_a"] == r["backend_b"] else f"{r['backend_a']} vs {r['backend_b']}"
+        knobs = {r["knobs_a"], r["knobs_b"]} - {""}
+        rows.append([r["family"], r["num_tokens"], be + (f" [{' / '.join(sorted(knobs))}]" if knobs else ""),
+                     r["phase"], _f(r["a_median_us"]), _f(r["b_median_us"]), f"{r['ratio']:.3f}",
+                     f"{r['ci_low']:.3f}-{r['ci_high']:.3f}", r["verdict"], r["noise"]])
+    out = [tabulate(rows, headers=head, tablefmt="github" if markdown else "simple", disable_numparse=True)]
+    counts = {v: sum(r["verdict"] == v for r in res["rows"]) for v in ("faster", "slower", "within noise")}
+    out.append(f"{'' if markdown else '# '}B ({label_b}) against A ({label_a}): "
+               + ", ".join(f"{n} {v}" for v, n in counts.items())
+               + f"; unmatched rows: {res['only_a']} only in A, {res['only_b']} only in B")
+    if any(r["noise"] != "bootstrap" for r in res["rows"]):
+        out.append(f"{'' if markdown else '# '}NOTE: some records carry no timing.samples_us; their noise band "
+                   "is a normal approximation from the p10/p90 spread, not a bootstrap")
+    return "\n".join(out)
+
+
+# ---- plot ----------------------------------------------------------------------------------------
+
+def _series(recs: list[dict], metric: str) -> dict[str, tuple[list, list]]:
+    """backend label -> (tokens, best GB/s over knob settings and repeats)."""
+    per: dict = {}
+    settings: dict = {}
+    for r in recs:
+        v = (r.get("traffic") or {}).get(f"{metric}_GBps")
+        if v is None:
+            continue
+        name = r["backend"]["name"]
+        settings.setdefault(name, set()).add(knob_str(r))
+        t = r["workload"]["num_tokens"]
+        per.setdefault(name, {})[t] = max(v, per.get(name, {}).get(t, 0.0))
+    out = {}
+    for name, pts in sorted(per.items()):
+        n = len(settings[name])
+        label = name + (f" (best of {n} knob settings)" if n > 1 else "")
+        out[label] = (sorted(pts), [pts[t] for t in sorted(pts)])
+    return out
+
+
+def _ceilings(recs: list[dict]) -> list[tuple[str, float, str]]:
+    """(kind, GB/s, label) for the nominal and measured ceilings recorded with these rows."""
+    out = []
+    nominal = [(r["traffic"]["ceiling_GBps"], r["traffic"].get("ceiling_source") or "nominal")
+               for r in recs if (r.get("traffic") or {}).get("ceiling_GBps")]
+    if nominal:
+        v, src = max(set(nominal), key=nominal.count)
+        out.append(("nominal", v, f"nominal ceiling {_gb(v)} GB/s ({src})"))
+    measured = [r["traffic"]["measured_ceiling_GBps"] for r in recs
+                if (r.get("traffic") or {}).get("measured_ceiling_GBps")]
+    if measured:
+        v = float(np.median(measured))
+        out.append(("measured", v, f"measured ceiling {_gb(v)} GB/s (all_to_all_single busbw)"))
+    return out
+
+
+def plot(records: list[dict], path: str | None = None, metric: str = "busbw"):
+    """GB/s against tokens per rank, one line per backend and the ceiling lines, one panel per
+    (shape family, phase); saved as PNG when `path` is given. Returns the matplotlib Figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    if metric not in METRICS:
+        raise ReportError(f"--metric must be one of {', '.join(METRICS)}")
+    recs = [r for r in latest(records) if timed(r) and r["phase"] in PHASES]
+    if not recs:
+        raise ReportError("no PASS records with timing to plot")
+    panels: dict = {}
+    for r in recs:
+        panels.setdefault((family(r["workload"]), r.get("device"), r["phase"]), []).append(r)
+    keys = sorted(panels, key=lambda k: (k[0], k[1] or "", PHASES.index(k[2])))
+    cols = 2 if len(keys) > 1 else 1
+    rows = math.ceil(len(keys) / cols)
+    fig = Figure(figsize=(7 * cols, 4.5 * rows))
+    FigureCanvasAgg(fig)
+    for i, key in enumerate(keys):
+        _panel(fig.add_subplot(rows, cols, i + 1), key, panels[key], metric)
+    fig.tight_layout()
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def _panel(ax, key, recs: list[dict], metric: str) -> None:
+    fam, device, phase = key
+    m = metric
+    note = ""
+    if m == "busbw" and all(not (r["traffic"].get("bus_bytes") or 0) for r in recs):
+        m, note = "algbw", " (EP 1: no remote pairs)"
+    ticks = set()
+    for label, (xs, ys) in _series(recs, m).items():
+        ax.plot(xs, ys, marker="o", label=label)
+        ticks.update(xs)
+    for kind, v, label in _ceilings(recs):
+        ax.axhline(v, linestyle="--" if kind == "nominal" else ":", color="k" if kind == "nominal" else "tab:red",
+                   label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
+    ax.set_xlabel("tokens per rank")
+    ax.set_ylabel(f"{m} GB/s{note}")
+    gpu = next(((r.get("env") or {}).get("gpu") for r in recs if (r.get("env") or {}).get("gpu")), None)
+    where = gpu or device
+    ax.set_title(f"{phase}: {fam} [{where}]" + (" CPU: functional only" if device == "cpu" else ""), fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+# ---- CLI -----------------------------------------------------------------------------------------
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m moebench.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="*", metavar="FILE", help="moebench JSONL files")
+    p.add_argument("--plot", metavar="PNG", help="write GB/s against tokens per backend to PNG")
+    p.add_argument("--metric", default="busbw", choices=METRICS, help="figure to plot (default busbw)")
+    p.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two JSONL files, or two backends in FILE...")
+    p.add_argument("--min-effect", type=float, default=0.01,
+                   help="smallest relative change called faster/slower (default 0.01)")
+    p.add_argument("--markdown", action="store_true", help="GitHub markdown tables")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--best-knobs", action="store_true", help="best knob setting per backend and shape")
+    return p
+
+
+def _compare_inputs(args) -> tuple[list[dict], list[dict], str, str, bool]:
+    a, b = args.compare
+    if Path(a).is_file() and Path(b).is_file():
+        return load([a]), load([b]), a, b, False
+    if not args.files:
+        raise ReportError(f"--compare {a} {b}: not two files, so give FILE... holding backends {a} and {b}")
+    recs = load(args.files)
+    names = {r["backend"]["name"] for r in recs}
+    for n in (a, b):
+        if n not in names:
+            raise ReportError(f"--compare: {n!r} is neither a file nor a backend in the records "
+                              f"(backends: {', '.join(sorted(names))})")
+    return ([r for r in recs if r["backend"]["name"] == a], [r for r in recs if r["backend"]["name"] == b],
+            a, b, True)
+
+
+def run(args) -> int:
+    if args.compare:
+        ra, rb, la, lb, by_backend = _compare_inputs(args)
+        res = compare(ra, rb, args.min_effect, by_backend)
+        if not res["rows"]:
+            raise ReportError(f"--compare: no matching PASS rows between {la} and {lb}")
+        print(json.dumps(res, indent=1) if args.json else format_compare(res, la, lb, args.markdown))
+        return 0
+    if not args.files:
+        raise ReportError("give one or more JSONL files")
+    recs = load(args.files)
+    if not recs:
+        raise ReportError(f"no moebench records in {', '.join(args.files)}")
+    if args.best_knobs:
+        best = sweep.best_knobs(recs)
+        print(json.dumps(best, indent=1) if args.json else
+              sweep.format_best(best, "github" if args.markdown else "simple") if best else "# no knob settings")
+    elif args.json:
+        print(json.dumps([{k: v for k, v in r.items() if k != "_file"} for r in latest(recs)], indent=1))
+    else:
+        print(tables(recs, args.markdown))
+    if args.plot:
+        plot(recs, args.plot, args.metric)
+        print(f"{'' if args.markdown else '# '}plot: {args.plot}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return run(args)
+    except (ReportError, OSError) as e:
+        print(f"moebench.report: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,445 @@
+"""Named sweeps for `python -m moebench.dispatch --sweep NAME`: shapes from bench/sweeps/NAME.toml,
+the machine (EP, device, backends, iterations, seed, GPUs per node) from the command line.
+
+A sweep file is TOML (or JSON) with `hidden`, `num_experts`, `topk`, `num_tokens` and optionally
+`routing`, `dtype` (each a value or a list; the cases are their product) and `[knobs.BACKEND]`
+tables of knob axes for `--knob-sweep`. A knob named `env:VAR` is set in the environment of the
+rank processes (HybridEP reads its chunk sizes from there); any other knob is passed to the backend
+(`num_sms`). Knob axes are searched one after another: the first in full, each later one with the
+earlier axes fixed at their best setting so far; an axis's first value is its default.
+
+Every case is (workload, backend, knobs). Records are appended to the JSONL right after each case,
+tagged `sweep: {name, case, knobs}`; a rerun skips cases whose records are already there, so an
+interrupted sweep resumes where it stopped. `best_knobs(records)` picks the fastest knob setting
+per (backend, shape) (dispatch + combine median); `python -m moebench.megatron flags` uses it.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import math
+import os
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import results
+from .workload import Workload, WorkloadError
+
+SWEEP_DIR = Path(__file__).resolve().parent.parent / "bench" / "sweeps"
+SHAPE_KEYS = ("hidden", "num_experts", "topk", "num_tokens", "routing", "dtype")
+TUNABLE = ("num_sms",)        # backend.knobs keys that count as a knob setting without sweep tags
+
+
+@dataclass
+class Sweep:
+    name: str
+    description: str
+    axes: dict                                   # shape key -> list of values
+    knobs: dict = field(default_factory=dict)    # backend -> {knob: [values]}
+
+
+@dataclass(frozen=True)
+class Case:
+    w: Workload
+    backend: str
+    knobs: tuple = ()                            # sorted (knob, value) pairs
+
+    @property
+    def key(self) -> str:
+        return case_key(self.w.asdict(), self.backend, dict(self.knobs))
+
+
+def case_key(workload: dict, backend: str, knobs: dict) -> str:
+    return json.dumps([workload, backend, knobs], sort_keys=True)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """The sweep flags of `python -m moebench.dispatch`."""
+    g = p.add_argument_group("sweeps")
+    g.add_argument("--sweep", metavar="NAME", help=f"run a named sweep ({', '.join(known()) or 'none'}) "
+                   "or a sweep file; appends to --out and resumes from it")
+    g.add_argument("--knob-sweep", action="store_true",
+                   help="with --sweep: sweep the [knobs.BACKEND] axes of the backends that have them")
+    g.add_argument("--max-cases", type=int, help="with --sweep: stop after running this many cases")
+    g.add_argument("--redo-failed", action="store_true", help="with --sweep: rerun cases recorded as FAIL")
+
+
+def known() -> list[str]:
+    return sorted(p.stem for p in SWEEP_DIR.glob("*.toml")) + sorted(p.stem for p in SWEEP_DIR.glob("*.json"))
+
+
+def resolve(name: str) -> Path:
+    p = Path(name)
+    if p.suffix in (".toml", ".json") or os.sep in name:
+        if p.is_file():
+            return p
+        raise WorkloadError(f"sweep file {name} not found")
+    for suffix in (".toml", ".json"):
+        if (SWEEP_DIR / (name + suffix)).is_file():
+            return SWEEP_DIR / (name + suffix)
+    raise WorkloadError(f"unknown sweep {name!r} (known: {', '.join(known())}; or give a .toml/.json path)")
+
+
+def load(name: str) -> Sweep:
+    """Read and check a sweep definition; bad content raises WorkloadError (one line)."""
+    path = resolve(name)
+    try:
+        raw = tomllib.loads(path.read_text()) if path.suffix == ".toml" else json.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, OSError) as e:
+        raise WorkloadError(f"sweep {path}: cannot parse: {e}") from None
+    unknown = set(raw) - set(SHAPE_KEYS) - {"description", "knobs"}
+    if unknown:
+        raise WorkloadError(f"sweep {path}: unknown keys {sorted(unknown)} (known: {', '.join(SHAPE_KEYS)}, "
+                            "description, knobs)")
+    missing = [k for k in ("hidden", "num_experts", "topk", "num_tokens") if k not in raw]
+    if missing:
+        raise WorkloadError(f"sweep {path}: missing {', '.join(missing)}")
+    axes = {k: (raw[k] if isinstance(raw[k], list) else [raw[k]]) for k in SHAPE_KEYS if k in raw}
+    knobs = raw.get("knobs", {})
+    if not isinstance(knobs, dict) or not all(isinstance(v, dict) for v in knobs.values()):
+        raise WorkloadError(f"sweep {path}: [knobs.BACKEND] tables expected")
+    knobs = {b: {k: (v if isinstance(v, list) else [v]) for k, v in kv.items()} for b, kv in knobs.items()}
+    if not all([*axes.values(), *(v for kv in knobs.values() for v in kv.values())]):
+        raise WorkloadError(f"sweep {path}: an axis has no values")
+    return Sweep(path.stem, raw.get("description", ""), axes, knobs)
+
+
+def workloads(s: Sweep, base: dict) -> list[Workload]:
+    """The product of the sweep's axes over `base` (ep, seed, gpus_per_node, routing, dtype from the
+    CLI); the sweep's own routing/dtype axes win. Invalid shapes raise WorkloadError."""
+    keys = list(s.axes)
+    out = []
+    for values in itertools.product(*(s.axes[k] for k in keys)):
+        fields = {**base, **dict(zip(keys, values))}
+        try:
+            out.append(Workload(**fields))
+        except (WorkloadError, TypeError) as e:
+            raise WorkloadError(f"sweep {s.name}: {e}") from None
+    return out
+
+
+def knob_stages(axes: dict, best: dict) -> list[list[dict]]:
+    """Coordinate search: stage i varies axis i, earlier axes at `best` (else default), later at default."""
+    names = list(axes)
+    stages = []
+    for i, name in enumerate(names):
+        fixed = {n: best.get(n, axes[n][0]) for n in names[:i]}
+        later = {n: axes[n][0] for n in names[i + 1:]}
+        stages.append([{**fixed, name: v, **later} for v in axes[name]])
+    return stages
+
+
+def read_existing(path: str) -> list[dict]:
+    """Records already in the JSONL (a line cut short by a kill is skipped with a note)."""
+    from .report import load
+    return load([path]) if Path(path).is_file() else []
+
+
+def _ensure_newline(path: str) -> None:
+    p = Path(path)
+    if p.is_file() and p.stat().st_size:
+        with p.open("rb") as f:
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+        if last != b"\n":
+            with p.open("a") as f:
+                f.write("\n")
+
+
+def label(s: Sweep, case: Case) -> str:
+    w = case.w
+    extra = [f"{k}={w.asdict()[k]}" for k in s.axes if k not in ("num_tokens",) and len(s.axes[k]) > 1]
+    knobs = " ".join(f"{k}={v}" for k, v in case.knobs)
+    return " ".join([s.name, f"T={w.num_tokens}", *extra, f"EP={w.ep}", case.backend, knobs]).strip()
+
+
+def case_argv(args, case: Case) -> list[str]:
+    """The single-case command line that reproduces this case (env knobs are in the record's tag)."""
+    w = case.w
+    argv = ["--num-tokens", w.num_tokens, "--hidden", w.hidden, "--num-experts", w.num_experts,
+            "--topk", w.topk, "--ep", w.ep, "--gpus-per-node", w.gpus_per_node, "--dtype", w.dtype,
+            "--routing", w.routing, "--seed", w.seed, "--backend", case.backend, "--device", args.device,
+            "--out", args.out]
+    for k, v in case.knobs:
+        if k == "num_sms":
+            argv += ["--num-sms", v]
+    if args.iters:
+        argv += ["--iters", args.iters]
+    if args.warmup_ms is not None:
+        argv += ["--warmup-ms", args.warmup_ms]
+    return [str(a) for a in argv]
+
+
+# ---- knob choice -------------------------------------------------------------------------------
+
+def knobs_of(r: dict) -> dict:
+    """The knob setting a record was run with: its sweep tag, else the tunable backend knobs."""
+    tag = r.get("sweep") or {}
+    if tag.get("knobs"):
+        return dict(tag["knobs"])
+    return {k: v for k, v in ((r.get("backend") or {}).get("knobs") or {}).items() if k in TUNABLE}
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def best_knobs(records) -> list[dict]:
+    """The fastest knob setting per (backend, workload), from PASS records with timing.
+
+    Arguments: records: JSONL records (any mix of sweeps and plain runs).
+    Returns: one dict per (backend, workload) that has at least one knob setting timed in both
+    phases: {backend, workload (Workload.asdict()), knobs, dispatch_us, combine_us, total_us,
+    settings (how many settings were compared)}. The objective is dispatch + combine median us;
+    repeated records of one setting are merged by the median of their medians.
+    """
+    groups: dict = {}
+    for r in records:
+        t = r.get("timing") or {}
+        if (r.get("check") or {}).get("status") != "PASS" or "median_us" not in t:
+            continue
+        if r.get("phase") not in ("dispatch", "combine"):
+            continue
+        knobs = knobs_of(r)
+        if not knobs:
+            continue
+        wkey = json.dumps(r["workload"], sort_keys=True)
+        setting = groups.setdefault((r["backend"]["name"], wkey), {}).setdefault(
+            json.dumps(knobs, sort_keys=True), {"dispatch": [], "combine": []})
+        setting[r["phase"]].append(t["median_us"])
+    out = []
+    for (backend, wkey), settings in sorted(groups.items()):
+        cands = [(_median(v["dispatch"]) + _median(v["combine"]), k, v) for k, v in settings.items()
+                 if v["dispatch"] and v["combine"]]
+        if not cands:
+            continue
+        total, k, v = min(cands, key=lambda c: c[0])
+        out.append({"backend": backend, "workload": json.loads(wkey), "knobs": json.loads(k),
+                    "dispatch_us": _median(v["dispatch"]), "combine_us": _median(v["combine"]),
+                    "total_us": total, "settings": len(cands)})
+    return out
+
+
+SHAPE_MATCH = ("hidden", "num_experts", "topk", "ep", "dtype")
+
+
+def knobs_for(records, backend: str, workload=None) -> dict | None:
+    """Best knobs for one backend: at the workload's shape (same H, E, K, EP, dtype; nearest
+    num_tokens in log scale), or, with no workload, the setting that wins most shapes (ties: the
+    one that wins at the largest T). None when the records hold no timed knob setting."""
+    entries = [e for e in best_knobs(records) if e["backend"] == backend]
+    if workload is not None:
+        wd = workload.asdict() if hasattr(workload, "asdict") else dict(workload)
+        entries = [e for e in entries if all(e["workload"].get(k) == wd.get(k) for k in SHAPE_MATCH if k in wd)]
+        if not entries:
+            return None
+        t = max(1, wd.get("num_tokens", 4096))
+        return min(entries, key=lambda e: abs(math.log(e["workload"]["num_tokens"] / t)))["knobs"]
+    if not entries:
+        return None
+    votes: dict = {}
+    for e in entries:
+        k = json.dumps(e["knobs"], sort_keys=True)
+        n, tmax = votes.get(k, (0, 0))
+        votes[k] = (n + 1, max(tmax, e["workload"]["num_tokens"]))
+    return json.loads(max(votes, key=lambda k: votes[k]))
+
+
+def format_best(entries: list[dict], tablefmt: str = "simple") -> str:
+    from tabulate import tabulate
+    rows = [[e["backend"], _shape(e["workload"]), " ".join(f"{k}={v}" for k, v in e["knobs"].items()),
+             f"{e['dispatch_us']:.1f}", f"{e['combine_us']:.1f}", f"{e['total_us']:.1f}", e["settings"]]
+            for e in entries]
+    return tabulate(rows, headers=("backend", "shape", "best knobs", "dispatch us", "combine us",
+                                   "total us", "settings"), tablefmt=tablefmt, disable_numparse=True)
+
+
+def _shape(w: dict) -> str:
+    return (f"T={w['num_tokens']} H={w['hidden']} E={w['num_experts']} K={w['topk']} EP={w['ep']} "
+            f"{w['dtype']} {w['routing']}")
+
+
+# ---- running -----------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _env(env: dict):
+    """Environment variables for the rank processes of one case (spawned children inherit them)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_one(args, s: Sweep, case: Case) -> list[dict]:
+    """Run one case through the dispatch CLI's own option handling and the runner; tag the records."""
+    from .dispatch import build
+    from .runner import run_case
+    w, knobs = case.w, dict(case.knobs)
+    ns = argparse.Namespace(**{**vars(args), "num_tokens": w.num_tokens, "hidden": w.hidden,
+                               "num_experts": w.num_experts, "topk": w.topk, "ep": w.ep, "dtype": w.dtype,
+                               "routing": w.routing, "seed": w.seed, "gpus_per_node": w.gpus_per_node,
+                               "backend": case.backend, "num_sms": knobs.get("num_sms", args.num_sms)})
+    w2, names, opts, _ = build(ns)
+    opts.knobs.update({k: v for k, v in knobs.items() if not k.startswith("env:") and k != "num_sms"})
+    env = {k[4:]: str(v) for k, v in knobs.items() if k.startswith("env:")}
+    with _env(env):
+        recs = run_case(w2, names, opts, case_argv(args, case), progress=lambda m: None)
+    for r in recs:
+        r["sweep"] = {"name": s.name, "case": case.key, "knobs": knobs}
+    return recs
+
+
+def _summary_line(r: dict) -> str:
+    t, tr = r.get("timing") or {}, r.get("traffic") or {}
+    med = f"{t['median_us']:10.1f} us" if t.get("median_us") is not None else "         - us"
+    bw = f"busbw {tr['busbw_GBps']:8.3g} GB/s" if tr.get("busbw_GBps") is not None else ""
+    err = f" ({r['check']['error']})" if r["check"].get("error") else ""
+    return f"    {r['phase']:<9}{med}  {bw}  {r['check']['status']}{err}"
+
+
+class Runner:
+    """Walks the cases of a sweep, skipping finished ones, appending records after every case."""
+
+    def __init__(self, args, s: Sweep, records: list[dict], total: int):
+        self.args, self.s, self.records, self.total = args, s, records, total
+        self.n = self.ran = self.skipped = 0
+        self.failed: set[str] = set()
+        self.done = done_keys(records, args.redo_failed)
+        self.seconds = 0.0
+
+    def stop(self) -> bool:
+        return self.args.max_cases is not None and self.ran >= self.args.max_cases
+
+    def run(self, case: Case) -> None:
+        self.n += 1
+        head = f"[{self.n}/{self.total}] {label(self.s, case)}"
+        if case.key in self.done:
+            self.skipped += 1
+            print(f"{head}: already in {self.args.out}, skipped")
+            return
+        eta = f" (~{self.seconds / self.ran * (self.total - self.n + 1) / 60:.1f} min left)" if self.ran else ""
+        print(head + eta, flush=True)
+        t0 = time.monotonic()
+        try:
+            recs = run_one(self.args, self.s, case)
+        except WorkloadError as e:
+            print(f"    skipped: {e}")
+            return
+        self.seconds += time.monotonic() - t0
+        _ensure_newline(self.args.out)
+        results.write_jsonl(self.args.out, recs)
+        self.records += recs
+        self.done = done_keys(self.records, self.args.redo_failed)
+        self.ran += 1
+        for r in recs:
+            print(_summary_line(r), flush=True)
+            if r["check"]["status"] == "FAIL":
+                self.failed.add(label(self.s, case))
+
+    def best(self, case: Case) -> dict:
+        mine = [r for r in self.records if r.get("workload") == case.w.asdict()
+                and r.get("backend", {}).get("name") == case.backend]
+        entries = best_knobs(mine)
+        return entries[0]["knobs"] if entries else {}
+
+
+def done_keys(records: list[dict], redo_failed: bool = False) -> set[str]:
+    """Keys of finished cases: records with PASS (or FAIL unless redo_failed). WAIVED cases rerun
+    (cheap when the package is missing, and right after it was installed)."""
+    keep = ("PASS",) if redo_failed else ("PASS", "FAIL")
+    keys = set()
+    for r in records:
+        if (r.get("check") or {}).get("status") not in keep:
+            continue
+        tag = r.get("sweep") or {}
+        keys.add(tag.get("case") or case_key(r.get("workload", {}), (r.get("backend") or {}).get("name"),
+                                              knobs_of(r)))
+    return keys
+
+
+def plan_total(s: Sweep, wls: list[Workload], names: list[str], knob_sweep: bool) -> int:
+    per = [sum(len(v) for v in s.knobs[n].values()) if knob_sweep and s.knobs.get(n) else 1 for n in names]
+    return len(wls) * sum(per)
+
+
+def walk(runner: Runner, s: Sweep, wls: list[Workload], names: list[str], knob_sweep: bool) -> None:
+    for w in wls:
+        for name in names:
+            axes = s.knobs.get(name) if knob_sweep else None
+            if not axes:
+                runner.run(Case(w, name))
+                if runner.stop():
+                    return
+                continue
+            for i in range(len(axes)):
+                best = runner.best(Case(w, name))
+                for knobs in knob_stages(axes, best)[i]:
+                    runner.run(Case(w, name, tuple(sorted(knobs.items()))))
+                    if runner.stop():
+                        return
+
+
+def _setup(args) -> tuple[Sweep, list[Workload], list[str], str, str]:
+    from .backends import base
+    from .dispatch import pick_device
+    if args.num_tokens is not None or args.hidden is not None:
+        raise WorkloadError("--sweep takes --num-tokens and --hidden from the sweep file; drop them")
+    s = load(args.sweep)
+    names = base.parse_backends(args.backend)
+    if args.knob_sweep:
+        names = [n for n in names if n in s.knobs]
+        if not names:
+            raise WorkloadError(f"sweep {s.name} has no [knobs.BACKEND] table for {args.backend}")
+    wls = workloads(s, {"ep": args.ep, "seed": args.seed, "gpus_per_node": args.gpus_per_node,
+                        "routing": args.routing, "dtype": args.dtype})
+    device, note = pick_device(args.device, args.ep)
+    return s, wls, names, device, note
+
+
+def main_sweep(args, argv: list[str] | None = None) -> int:
+    """`python -m moebench.dispatch --sweep NAME [--knob-sweep] [--max-cases N]`."""
+    args = argparse.Namespace(**vars(args))
+    try:
+        s, wls, names, args.device, note = _setup(args)
+    except WorkloadError as e:
+        print(f"moebench.dispatch: error: {e}", file=sys.stderr)
+        return 2
+    if note:
+        print(f"# NOTE: {note}")
+    if args.device == "cpu" and max(w.num_tokens * w.hidden for w in wls) > 1 << 22:
+        print("# NOTE: full-size shapes on CPU/gloo are slow; a tiny sweep file suits a functional check")
+    total = plan_total(s, wls, names, args.knob_sweep)
+    print(f"# sweep {s.name}: {s.description} | {len(wls)} workloads x {', '.join(names)}"
+          f"{' (knob sweep)' if args.knob_sweep else ''} = {total} cases, EP {args.ep}, device {args.device},"
+          f" results -> {args.out}")
+    runner = Runner(args, s, read_existing(args.out), total)
+    try:
+        walk(runner, s, wls, names, args.knob_sweep)
+    except KeyboardInterrupt:
+        print(f"# interrupted after {runner.ran} cases; rerun the same command to resume", file=sys.stderr)
+        return 130
+    print(f"# sweep {s.name}: ran {runner.ran}, skipped {runner.skipped} already in {args.out}")
+    if runner.stop() and runner.n < total:
+        print(f"# stopped after {runner.ran} cases (--max-cases); rerun the same command to resume")
+    if args.knob_sweep:
+        wds = [w.asdict() for w in wls]
+        best = [e for e in best_knobs(runner.records) if e["workload"] in wds and e["backend"] in names]
+        print(format_best(best) if best else "# no knob setting passed with timing: nothing to pick")
+    if args.device == "cpu":
+        print("# CPU/gloo run: the times above are functional only, not performance figures")
+    if runner.failed:
+        print(f"# FAIL: {'; '.join(sorted(runner.failed))}", file=sys.stderr)
+    return 1 if runner.failed else 0
