@@ -40,6 +40,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--num-sms", type=int, help="SMs for deepep/hybridep kernels")
     p.add_argument("--ops-impl", default="auto", choices=("auto", "torch", "triton", "cuda"),
                    help="permute/unpermute implementation of the alltoall path")
+    p.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
+                   help="backend knob, repeatable (e.g. mode=plain, num_sms_dispatch=16)")
     p.add_argument("--no-flush-l2", action="store_true", help="skip the L2 flush before timed calls")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per backend launch")
     sweep.add_args(p)       # --sweep NAME, --knob-sweep, --max-cases, --redo-failed (moebench/sweep.py)
@@ -81,6 +83,11 @@ def build(args) -> tuple[Workload, list[str], Options, str]:
     knobs = {"ops_impl": args.ops_impl}
     if args.num_sms is not None:
         knobs["num_sms"] = args.num_sms
+    for kv in args.knob:
+        key, sep, val = kv.partition("=")
+        if not sep or not key:
+            raise WorkloadError(f"--knob wants KEY=VALUE, got {kv!r}")
+        knobs[key] = int(val) if val.lstrip("-").isdigit() else val
     opts = Options(device=device, iters=args.iters or (5 if cpu else 20),
                    warmup_ms=args.warmup_ms if args.warmup_ms is not None else (0.0 if cpu else 200.0),
                    flush_l2=not args.no_flush_l2, timeout_s=args.timeout, knobs=knobs,

@@ -51,6 +51,7 @@ def test_waived_backend_is_reported_not_fatal(tmp_path, capsys):
     (["--routing", "trace:/no/such/file.pt"], "cannot read routing trace"),
     (["--dtype", "fp8", "--backend", "hybridep", "--hidden", "768"], "fp8"),
     (["--backend", "hybridep", "--hidden", "100"], "hidden"),
+    (["--knob", "num_sms"], "KEY=VALUE"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, msg, capsys):
     rc = dispatch.main(argv + ["--out", "/dev/null"])

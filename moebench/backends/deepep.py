@@ -1,0 +1,242 @@
+"""`deepep` and `deepep-ll`: DeepEP's legacy `deep_ep.Buffer` (V1 API, what Megatron's flex
+dispatcher calls), normal mode and low-latency mode.
+
+Normal mode (`deepep`): get_dispatch_layout -> dispatch -> local grouping. DeepEP returns each
+received token once per rank, with `recv_topk_idx` holding local expert ids (-1 elsewhere), not
+grouped by expert: moebench groups the rows with `ops.permute` on those ids (Megatron does the
+same permute after `fused_dispatch`). DeepEP's combine is an unweighted sum over ranks, so the
+weights are applied before it, during the local unpermute (`ops.unpermute` with the received top-k
+weights). The layout is also timed as its own phase (`layout`); `dispatch` includes it, as in
+Megatron's FusedDispatch. fp8 travels as (e4m3 [T,H], fp32 scales [T,H/128]). `--num-sms` sets
+`Buffer.set_num_sms` (even; default 20, Megatron's default too).
+
+Low-latency mode (`deepep-ll`): low_latency_dispatch returns [L, max_tokens*R, H] per local expert
+with counts; moebench compacts it to grouped rows (phase `dispatch`; the raw call is timed as
+`dispatch-kernel`) and scatters expert outputs back before low_latency_combine, which applies the
+top-k weights itself. LL sends one copy per (token, expert) (dedup False), needs NVSHMEM, and runs
+bf16 here: its fp8 quantizes inside the kernel, so its payload is not the oracle's.
+
+Legend: T tokens, H hidden, K top-k, L local experts, N received tokens, R grouped rows.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+
+from .. import ops
+from ..workload import WorkloadError
+from .base import Backend, Dispatched, Unavailable
+
+HINT = ("install DeepEP from branch hybrid-ep (legacy Buffer + HybridEPBuffer) or tag v1.2.1; "
+        "DeepEP v2 (main) lacks the legacy Buffer/EventOverlap API that Megatron imports")
+NORMAL_RANKS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)   # get_dispatch_config's table
+LL_HIDDEN = (2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192)
+LL_MAX_TOPK = 11
+LL_MAX_BUFFER_GiB = 16.0
+
+
+def find(module: str) -> tuple[bool, str]:
+    """find_spec only (never imports): (False, why) when the package is absent."""
+    try:
+        ok = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError) as e:
+        return False, f"{module}: {e}"
+    return (True, "") if ok else (False, f"{module} not installed; {HINT}")
+
+
+def dist_version(*names: str) -> str:
+    for n in names:
+        try:
+            return importlib.metadata.version(n)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return ""
+
+
+def import_deep_ep(attr: str):
+    """deep_ep and deep_ep.<attr>; Unavailable with the exact error and a hint otherwise."""
+    try:
+        import deep_ep
+    except Exception as e:  # noqa: BLE001 - any import failure means "cannot serve this run"
+        raise Unavailable(f"import deep_ep failed: {type(e).__name__}: {e}; {HINT}") from e
+    if not hasattr(deep_ep, attr):
+        raise Unavailable(f"deep_ep {getattr(deep_ep, '__version__', '?')} has no deep_ep.{attr}; {HINT}")
+    return deep_ep, getattr(deep_ep, attr)
+
+
+@dataclass
+class Grouped:
+    x_RH: torch.Tensor
+    scales_RS: torch.Tensor | None
+    row_map_NK: torch.Tensor       # int32: grouped row of received slot (n, k), -1 elsewhere
+    weights_NK: torch.Tensor       # fp32 received top-k weights (0 where not local)
+    probs_R: torch.Tensor
+    tokens_per_expert: torch.Tensor
+
+
+def group_by_local_expert(x_NH, local_idx_NK, weights_NK, num_local: int, scales_NS=None,
+                          num_rows: int | None = None, impl: str = "auto") -> Grouped:
+    """Received tokens (one row per token) -> rows grouped by local expert, stable by token.
+    local_idx_NK holds local expert ids in [0, L) or -1; num_rows, when the backend already knows
+    the count, spares the device->host wait."""
+    w = torch.where(local_idx_NK >= 0, weights_NK.float(), 0.0)
+    p = ops.permute(x_NH, local_idx_NK, num_local, scales_TS=scales_NS, impl=impl, num_out_rows=num_rows)
+    valid = p.row_map_TK >= 0
+    probs_R = torch.zeros(p.x_RH.shape[0], dtype=torch.float32, device=x_NH.device)
+    probs_R[p.row_map_TK[valid].long()] = w[valid]
+    return Grouped(p.x_RH, p.scales_RS, p.row_map_TK, w, probs_R, p.tokens_per_expert)
+
+
+def weighted_rows(y_RH, g: Grouped, impl: str = "auto") -> torch.Tensor:
+    """Per received token: sum over its local experts of weight * expert output ([N, H], y's dtype).
+    This is what DeepEP/HybridEP's unweighted combine must be given."""
+    return ops.unpermute(y_RH[: g.x_RH.shape[0]], g.row_map_NK, g.weights_NK, impl=impl)
+
+
+@dataclass
+class _Handle:
+    native: object
+    grouped: Grouped
+
+
+class DeepEPBackend(Backend):
+    name = "deepep"
+    dedup = True
+    supports_fp8 = True
+    timed_phases = ("dispatch", "combine", "layout")
+
+    @classmethod
+    def available(cls):
+        return find("deep_ep")
+
+    @classmethod
+    def version(cls):
+        return dist_version("deep_ep", "deep-ep")
+
+    def validate(self, w, world):
+        super().validate(w, world)
+        if world not in NORMAL_RANKS:
+            raise WorkloadError(f"deepep (legacy Buffer) runs on 2, 4 or 8 ranks in a node, or "
+                                f"{', '.join(map(str, NORMAL_RANKS[3:]))} across nodes; got EP {world}")
+        if world > 8 and w.gpus_per_node != 8:
+            raise WorkloadError("deepep across nodes needs 8 ranks per node (--gpus-per-node 8)")
+        if w.hidden % 8:
+            raise WorkloadError(f"deepep moves rows in 16-byte words: --hidden must be a multiple of 8, got {w.hidden}")
+        sms = self.knob_values.get("num_sms")
+        if sms is not None and (sms < 2 or sms % 2):
+            raise WorkloadError(f"deepep --num-sms must be even and >= 2 (Buffer.set_num_sms), got {sms}")
+
+    def setup(self, group, w, device):
+        super().setup(group, w, device)
+        self.deep_ep, Buffer = import_deep_ep("Buffer")
+        self.world = torch.distributed.get_world_size(group)
+        self.num_sms = int(self.knob_values.get("num_sms") or getattr(Buffer, "num_sms", 20))
+        Buffer.set_num_sms(self.num_sms)
+        self.impl = ops.best_impl(device) if self.knob_values.get("ops_impl", "auto") == "auto" else self.knob_values["ops_impl"]
+        self.idx_dtype = getattr(self.deep_ep, "topk_idx_t", torch.int64)
+        self.buffer = self._make_buffer(Buffer, group, w)
+
+    def _make_buffer(self, Buffer, group, w):
+        R, hidden_bytes = self.world, w.hidden * 2
+        cfgs = (Buffer.get_dispatch_config(R), Buffer.get_combine_config(R))
+        nvl = max(c.get_nvl_buffer_size_hint(hidden_bytes, R) for c in cfgs)
+        rdma = max(c.get_rdma_buffer_size_hint(hidden_bytes, R) for c in cfgs) if R > 8 else 0
+        return Buffer(group, nvl, rdma)
+
+    def knobs(self):
+        return {**super().knobs(), "num_sms": getattr(self, "num_sms", None), "local_permute_impl": getattr(self, "impl", None)}
+
+    def _layout(self, idx):
+        return self.buffer.get_dispatch_layout(idx, self.w.num_experts)
+
+    def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
+        idx = topk_idx_TK.to(self.idx_dtype)
+        n_rank, n_rdma, n_expert, in_rank, _ = self._layout(idx)
+        payload = (x_TH, scales_TS) if scales_TS is not None else x_TH
+        recv_x, recv_idx, recv_w, counts, handle, _ = self.buffer.dispatch(
+            payload, topk_idx=idx, topk_weights=topk_w_TK.float(), num_tokens_per_rank=n_rank,
+            num_tokens_per_rdma_rank=n_rdma, is_token_in_rank=in_rank, num_tokens_per_expert=n_expert)
+        recv_s = None
+        if isinstance(recv_x, tuple):
+            recv_x, recv_s = recv_x
+        g = group_by_local_expert(recv_x, recv_idx, recv_w, self.w.local_experts, recv_s,
+                                  num_rows=int(sum(counts)), impl=self.impl)
+        return Dispatched(g.x_RH, list(counts), _Handle(handle, g), g.scales_RS, g.probs_R)
+
+    def combine(self, y_RH, handle: _Handle):
+        out = self.buffer.combine(weighted_rows(y_RH, handle.grouped, self.impl), handle.native)
+        return out[0]
+
+    def extra_phases(self, x_TH, topk_idx_TK, topk_w_TK):
+        idx = topk_idx_TK.to(self.idx_dtype)
+        return {"layout": lambda: self._layout(idx)}
+
+    def teardown(self):
+        self.buffer = None
+
+
+@dataclass
+class _LLHandle:
+    native: object
+    topk_idx: torch.Tensor
+    topk_w: torch.Tensor
+    mask_LM: torch.Tensor
+
+
+class DeepEPLowLatencyBackend(DeepEPBackend):
+    name = "deepep-ll"
+    dedup = False                      # one copy per (token, expert)
+    supports_fp8 = False
+    timed_phases = ("dispatch", "combine", "dispatch-kernel")
+
+    def validate(self, w, world):
+        Backend.validate(self, w, world)
+        if world < 2:
+            raise WorkloadError(f"deepep-ll needs 2+ ranks, got EP {world}")
+        if w.hidden not in LL_HIDDEN:
+            raise WorkloadError(f"deepep-ll supports --hidden in {LL_HIDDEN}, got {w.hidden}")
+        if w.topk > LL_MAX_TOPK:
+            raise WorkloadError(f"deepep-ll supports --topk <= {LL_MAX_TOPK}, got {w.topk}")
+        gib = ll_buffer_bytes(w) / 2**30
+        if gib > LL_MAX_BUFFER_GiB:
+            raise WorkloadError(f"deepep-ll would need ~{gib:.0f} GiB per rank (receive slots for every expert x "
+                                f"tokens x ranks); low-latency mode is for small batches: lower --num-tokens")
+
+    def _make_buffer(self, Buffer, group, w):
+        R = self.world
+        rdma = Buffer.get_low_latency_rdma_size_hint(w.num_tokens, w.hidden, R, w.num_experts)
+        return Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=max(1, w.num_experts // R))
+
+    def knobs(self):
+        return {**Backend.knobs(self), "local_permute_impl": getattr(self, "impl", None)}
+
+    def _raw(self, x_TH, idx):
+        return self.buffer.low_latency_dispatch(x_TH, idx, self.w.num_tokens, self.w.num_experts, use_fp8=False,
+                                                async_finish=False, return_recv_hook=False)
+
+    def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
+        idx = topk_idx_TK.to(self.idx_dtype)
+        recv_x, recv_count, handle, _, _ = self._raw(x_TH, idx)
+        L, M = recv_x.shape[0], recv_x.shape[1]
+        mask = torch.arange(M, device=recv_x.device)[None, :] < recv_count[:, None]
+        return Dispatched(recv_x[mask], recv_count.tolist(), _LLHandle(handle, idx, topk_w_TK.float(), mask))
+
+    def combine(self, y_RH, handle: _LLHandle):
+        L, M = handle.mask_LM.shape
+        buf = y_RH.new_zeros(L, M, y_RH.shape[1])
+        buf[handle.mask_LM] = y_RH[: int(handle.mask_LM.sum())]
+        return self.buffer.low_latency_combine(buf, handle.topk_idx, handle.topk_w, handle.native)[0]
+
+    def extra_phases(self, x_TH, topk_idx_TK, topk_w_TK):
+        idx = topk_idx_TK.to(self.idx_dtype)
+        return {"dispatch-kernel": lambda: self._raw(x_TH, idx)}
+
+
+def ll_buffer_bytes(w) -> int:
+    """Rough LL RDMA buffer per rank: send T messages, receive T x R per local expert (E x T in all),
+    twice (double buffering); message = bf16 row + 16 bytes of metadata."""
+    msg = 2 * w.hidden + 16
+    return 2 * (w.num_tokens * msg + w.num_experts * w.num_tokens * msg)

@@ -1,0 +1,203 @@
+"""`hybridep`: NVIDIA's HybridEP (`deep_ep.HybridEPBuffer`, DeepEP branch hybrid-ep).
+
+HybridEP takes a bool routing_map [T, E] plus dense probs [T, E] (a -1 in topk_idx is not
+supported, so moebench builds the map itself; masked slots are simply absent). Two paths, knob
+`mode` (env MOEBENCH_HYBRIDEP_MODE when the CLI passes no knob):
+- `permute` (default; what Megatron's flex dispatcher calls): dispatch_with_permute returns rows
+  grouped by local expert with one prob per row; combine_with_unpermute is an unweighted sum, so
+  rows are multiplied by their probs first (Megatron's experts do that multiply).
+- `plain`: dispatch returns each token once per rank plus the handle's local_expert_routing_map;
+  moebench groups rows with ops.permute and folds the weights into its local unpermute before
+  HybridEP's (unweighted) combine.
+Kernels JIT-compile with $CUDA_HOME/bin/nvcc on first use of each config, so setup() checks nvcc
+and warms up the exact config that will be timed. SM knobs: num_sms (dispatch and combine),
+num_sms_dispatch, num_sms_combine, num_sms_preprocessing, num_blocks_permute, num_blocks_unpermute.
+
+Legend: T tokens, H hidden, E experts, K top-k, L local experts, N received tokens, R grouped rows.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .. import ops, reference
+from ..workload import WorkloadError
+from .base import Backend, Dispatched, Unavailable
+from .deepep import Grouped, dist_version, find, group_by_local_expert, import_deep_ep, weighted_rows
+
+DOMAIN_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
+MODES = ("permute", "plain")
+SM_KNOBS = {"num_sms_dispatch": "num_sms_dispatch_api", "num_sms_combine": "num_sms_combine_api",
+            "num_sms_preprocessing": "num_sms_preprocessing_api", "num_blocks_permute": "num_blocks_permute",
+            "num_blocks_unpermute": "num_blocks_unpermute"}
+ENV_KNOBS = (DOMAIN_ENV, "USE_MNNVL", "NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API", "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API",
+             "HYBRID_EP_CACHE_DIR", "CUDA_HOME")
+
+
+def routing_map_and_probs(topk_idx_TK: torch.Tensor, topk_w_TK: torch.Tensor, num_experts: int):
+    """(routing_map bool [T, E], probs fp32 [T, E]); slots with idx -1 are dropped."""
+    valid = topk_idx_TK >= 0
+    safe = torch.where(valid, topk_idx_TK, 0).long()
+    T = topk_idx_TK.shape[0]
+    hits = torch.zeros(T, num_experts, dtype=torch.int32, device=topk_idx_TK.device)
+    hits.scatter_add_(1, safe, valid.to(torch.int32))
+    probs = torch.zeros(T, num_experts, dtype=torch.float32, device=topk_idx_TK.device)
+    probs.scatter_add_(1, safe, torch.where(valid, topk_w_TK.float(), 0.0))
+    return hits > 0, probs
+
+
+def ranks_per_domain(world: int, gpus_per_node: int) -> int:
+    """HybridEP's NVLink-domain size: the env override, else min(world, gpus per node)."""
+    env = os.environ.get(DOMAIN_ENV)
+    if env is not None:
+        if not env.strip().isdigit() or int(env) < 1:
+            raise WorkloadError(f"{DOMAIN_ENV}={env!r} is not a positive integer")
+        return int(env)
+    return min(world, gpus_per_node)
+
+
+def local_plain_inputs(local_map_NL: torch.Tensor, probs_NX: torch.Tensor | None, rank_in_domain: int):
+    """Plain dispatch -> (local expert ids [N, L] with -1, weights [N, L]). probs_NX has one column
+    per expert of the NVLink domain (L x ranks); this rank's experts are its block of L columns."""
+    N, L = local_map_NL.shape
+    ids = torch.arange(L, device=local_map_NL.device).expand(N, L)
+    idx = torch.where(local_map_NL, ids, -1)
+    if probs_NX is None:
+        return idx, torch.zeros(N, L, dtype=torch.float32, device=local_map_NL.device)
+    start = rank_in_domain * L if probs_NX.shape[1] > L else 0
+    return idx, probs_NX[:N, start:start + L].float() * local_map_NL
+
+
+def cuda_home() -> str:
+    """$CUDA_HOME with bin/nvcc; when unset, derived from nvcc on PATH (and exported for the JIT)."""
+    home = os.environ.get("CUDA_HOME")
+    if home and (Path(home) / "bin" / "nvcc").exists():
+        return home
+    nvcc = shutil.which("nvcc")
+    if home or not nvcc:
+        raise Unavailable(f"HybridEP JIT-compiles kernels with $CUDA_HOME/bin/nvcc, but CUDA_HOME is "
+                          f"{repr(home) + ' without bin/nvcc' if home else 'unset and nvcc is not on PATH'}; "
+                          "export CUDA_HOME=<CUDA toolkit root>")
+    os.environ["CUDA_HOME"] = str(Path(nvcc).resolve().parent.parent)
+    return os.environ["CUDA_HOME"]
+
+
+@dataclass
+class _Handle:
+    native: object
+    probs_R: torch.Tensor | None = None     # permute mode: prob of each grouped row
+    grouped: Grouped | None = None          # plain mode: the local grouping
+
+
+class HybridEPBackend(Backend):
+    name = "hybridep"
+    dedup = True
+    supports_fp8 = True
+
+    @classmethod
+    def available(cls):
+        ok, why = find("deep_ep")
+        return (ok, why) if not ok else find("hybrid_ep_cpp")
+
+    @classmethod
+    def version(cls):
+        return dist_version("deep_ep", "deep-ep")
+
+    @property
+    def mode(self) -> str:
+        return self.knob_values.get("mode") or os.environ.get("MOEBENCH_HYBRIDEP_MODE") or "permute"
+
+    def validate(self, w, world):
+        super().validate(w, world)
+        if world < 2:
+            raise WorkloadError("hybridep needs 2+ ranks (HybridEPBuffer segfaults at world size 1)")
+        if w.hidden % 16:
+            raise WorkloadError(f"hybridep needs --hidden divisible by 16, got {w.hidden}")
+        if w.dtype == "fp8" and w.hidden % 512:
+            raise WorkloadError(f"hybridep fp8 needs --hidden divisible by 512, got {w.hidden}")
+        rpd = ranks_per_domain(world, w.gpus_per_node)
+        if world % rpd:
+            raise WorkloadError(f"hybridep: EP {world} is not a multiple of the NVLink domain size {rpd}")
+        if (w.local_experts * rpd) % 4:
+            raise WorkloadError(f"hybridep needs (experts per rank x ranks per NVLink domain) % 4 == 0, got "
+                                f"{w.local_experts} x {rpd}")
+        if self.mode not in MODES:
+            raise WorkloadError(f"hybridep mode must be one of {MODES}, got {self.mode!r}")
+        for k in ("num_sms", *SM_KNOBS):
+            v = self.knob_values.get(k)
+            if v is not None and int(v) < 1:
+                raise WorkloadError(f"hybridep {k} must be >= 1, got {v}")
+
+    def setup(self, group, w, device):
+        super().setup(group, w, device)
+        self.cuda_home = cuda_home()
+        _, HybridEPBuffer = import_deep_ep("HybridEPBuffer")
+        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.rpd = ranks_per_domain(self.world, w.gpus_per_node)
+        self.build = self._build_kind()
+        if self.build == "intranode" and self.world > self.rpd:
+            raise Unavailable(f"this HybridEP build is intra-node-only and EP {self.world} spans "
+                              f"{self.world // self.rpd} NVLink domains: it would abort; rebuild with HYBRID_EP_MULTINODE=1")
+        self.impl = ops.best_impl(device) if self.knob_values.get("ops_impl", "auto") == "auto" else self.knob_values["ops_impl"]
+        self.buffer = HybridEPBuffer(group=group, hidden_dim=w.hidden, max_num_of_tokens_per_rank=w.num_tokens,
+                                     num_local_experts=w.local_experts, use_fp8=w.dtype == "fp8", **self._sm_kwargs())
+        x, idx, wt, q, s = reference.rank_inputs(w, self.rank, device)
+        d = self.dispatch(q if q is not None else x, idx, wt, s)          # JIT-compiles this config
+        self.combine(d.x_RH.new_zeros(d.x_RH.shape, dtype=torch.bfloat16), d.handle)
+        torch.cuda.synchronize(device)
+
+    def _sm_kwargs(self) -> dict:
+        kw = {}
+        if self.knob_values.get("num_sms") is not None:
+            kw["num_sms_dispatch_api"] = kw["num_sms_combine_api"] = int(self.knob_values["num_sms"])
+        kw.update({api: int(self.knob_values[k]) for k, api in SM_KNOBS.items() if self.knob_values.get(k) is not None})
+        return kw
+
+    @staticmethod
+    def _build_kind() -> str | None:
+        from ..checks import buildkind
+        so = buildkind.extension_path("hybrid_ep_cpp")
+        try:
+            return buildkind.hybridep_build_kind(so).kind if so else None
+        except (OSError, buildkind.ELFError):
+            return None
+
+    def knobs(self):
+        env = {k: os.environ[k] for k in ENV_KNOBS if k in os.environ}
+        return {**super().knobs(), "mode": self.mode, **self._sm_kwargs(), "ranks_per_nvlink_domain": getattr(self, "rpd", None),
+                "build": getattr(self, "build", None), "env": env}
+
+    def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
+        rmap, probs = routing_map_and_probs(topk_idx_TK, topk_w_TK, self.w.num_experts)
+        fp8 = x_TH.dtype == torch.float8_e4m3fn
+        hidden = x_TH.view(torch.uint8) if fp8 else x_TH
+        if self.mode == "permute":
+            tokens, probs_R, sf, tpe, h = self.buffer.dispatch_with_permute(
+                hidden=hidden, routing_map=rmap, probs=probs, scaling_factor=scales_TS,
+                num_of_experts_per_rank=self.w.local_experts, use_fp8=fp8)
+            tokens = tokens.view(torch.float8_e4m3fn) if fp8 else tokens
+            probs_R = probs_R.reshape(-1) if probs_R is not None else None
+            return Dispatched(tokens, tpe, _Handle(h, probs_R=probs_R), sf, probs_R)
+        tokens, probs_NX, sf, h = self.buffer.dispatch(hidden=hidden, scaling_factor=scales_TS,
+                                                       routing_map=rmap, probs=probs)
+        N = tokens.shape[0]
+        idx, wts = local_plain_inputs(h[4][:N], probs_NX, self.rank % self.rpd)
+        tokens = tokens.view(torch.float8_e4m3fn) if fp8 else tokens
+        g = group_by_local_expert(tokens, idx, wts, self.w.local_experts, sf, impl=self.impl)
+        return Dispatched(g.x_RH, g.tokens_per_expert, _Handle(h, grouped=g), g.scales_RS, g.probs_R)
+
+    def combine(self, y_RH, handle: _Handle):
+        if self.mode == "permute":
+            p = handle.probs_R
+            y = (y_RH[: p.shape[0]].float() * p[:, None]).to(torch.bfloat16) if p is not None else y_RH
+            return self.buffer.combine_with_unpermute(hidden=y, handle=handle.native)[0]
+        y_N = weighted_rows(y_RH, handle.grouped, self.impl)
+        return self.buffer.combine(hidden=y_N, probs=None, handle=handle.native)[0]
+
+    def teardown(self):
+        self.buffer = None

@@ -1,0 +1,99 @@
+"""python -m moebench.check: bring-up and container acceptance before a training run.
+
+Each check is PASS, FAIL or WAIVED (cannot run here; the reason says why). Probes of DeepEP,
+HybridEP, NCCL, NVSHMEM and the p2p CUDA probe run in child processes with a timeout: a segfault,
+an abort or a hang is a FAIL row naming the signal, and the run goes on. Exit status: 0 when
+nothing FAILed, 1 when something did, 2 on bad usage.
+
+  python -m moebench.check -l                      list the checks
+  python -m moebench.check -p hybridep             the HybridEP family
+  python -m moebench.check --json out.json --junit out.xml --baseline old.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import checks, results
+from .checks import baseline, report
+from .checks.registry import FAIL, REGISTRY, Context, SelectionError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):            # one line on stderr, exit 2, no usage dump
+        print(f"moebench.check: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m moebench.check", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-l", "--list", action="store_true", help="list the checks and exit")
+    p.add_argument("-t", "--test", action="append", metavar="KEY", help="run check KEY (or family KEY.*); repeatable")
+    p.add_argument("-p", "--prefix", action="append", metavar="PREFIX", help="run checks whose key starts with PREFIX")
+    p.add_argument("--json", metavar="PATH", help="write the report as one JSON object")
+    p.add_argument("--junit", metavar="PATH", help="write JUnit XML (WAIVED = skipped, FAIL = failure)")
+    p.add_argument("--baseline", metavar="FILE", help="earlier run (dispatch JSONL or check --json report) to gate against")
+    p.add_argument("--threshold", type=float, default=baseline.DEFAULT_THRESHOLD_PCT,
+                   help="bandwidth drop in %% that fails the baseline gate (default 10)")
+    p.add_argument("--results", action="append", metavar="FILE",
+                   help="also gate these moebench.dispatch JSONL results against --baseline")
+    p.add_argument("--ep", type=int, help="EP size the training run will use (hybridep.domain; default: visible GPUs)")
+    p.add_argument("--tp", type=int, default=1, help="TP size of the training run (EP x TP vs the NVLink domain)")
+    p.add_argument("--num-tokens", type=int, default=4096, help="round-trip tokens per rank")
+    p.add_argument("--ll-num-tokens", type=int, default=128, help="round-trip tokens per rank for deepep-ll")
+    p.add_argument("--hidden", type=int, default=7168)
+    p.add_argument("--num-experts", type=int, default=256)
+    p.add_argument("--topk", type=int, default=8)
+    p.add_argument("--iters", type=int, default=10, help="timed iterations of the round trips")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per contained probe")
+    p.add_argument("--sysfs-root", default="/sys", help=argparse.SUPPRESS)
+    return p
+
+
+def _validate(args) -> None:
+    for name in ("ep", "tp", "num_tokens", "ll_num_tokens", "hidden", "num_experts", "topk", "iters"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise SelectionError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    if args.timeout <= 0 or args.threshold < 0:
+        raise SelectionError("--timeout must be > 0 and --threshold >= 0")
+    for f in [args.baseline, *(args.results or [])]:
+        if f:
+            try:
+                baseline.read_rows(f)
+            except (OSError, ValueError) as e:
+                raise SelectionError(f"cannot read {f}: {e}") from None
+
+
+def _line(r) -> str:
+    return f"{r.status:<7} {r.key:<20} {r.seconds:7.1f}s  {r.summary}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+    if args.list:
+        for c in REGISTRY.values():
+            print(f"{c.key:<20} {c.description}")
+        return 0
+    try:
+        _validate(args)
+        chosen = checks.select(args.test, args.prefix)
+    except SelectionError as e:
+        print(f"moebench.check: error: {e}", file=sys.stderr)
+        return 2
+    start = results.utc_now()
+    print(f"# moebench.check: {len(chosen)} check(s)")
+    res = checks.run(chosen, Context(args), progress=lambda r: print(_line(r), flush=True))
+    c = report.counts(res)
+    print(f"# {c['PASS']} PASS, {c['FAIL']} FAIL, {c['WAIVED']} WAIVED")
+    if args.json:
+        report.write_json(args.json, report.to_json(res, argv, start, results.utc_now()))
+    if args.junit:
+        report.write_junit(args.junit, res)
+    return 1 if any(r.status == FAIL for r in res) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

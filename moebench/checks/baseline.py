@@ -1,0 +1,118 @@
+"""Regression gate: compare this run's bandwidth rows with an earlier run's.
+
+Row identity (one for every source of bandwidth figures):
+    key = "<workload> | <backend> | <phase>"   with a figure GBps
+- moebench.dispatch JSONL records: workload = "T{num_tokens} H{hidden} E{num_experts} K{topk} EP{ep}
+  {dtype} {routing} seed{seed} gpn{gpus_per_node}", backend = backend.name, plus "/{mode}" when the
+  record's knobs carry a `mode` (HybridEP permute/plain), phase = record phase;
+  GBps = traffic.algbw_GBps (busbw_GBps when algbw is absent). Records without timing are skipped.
+- the checks' own rows (p2p, nccl, round trips) are written in that form already, e.g.
+  {"workload": "p2p 268435456 B", "backend": "sm-copy", "phase": "0->1", "GBps": 389.2}.
+A baseline FILE may be a dispatch JSONL, a JSONL of such rows, or a `moebench.check --json` report.
+A row whose figure fell by more than the threshold (default 10%) FAILs the gate, naming the row and
+both figures; rows present on one side only are listed, not failed.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .registry import Context, failed, passed, register, waived
+
+DEFAULT_THRESHOLD_PCT = 10.0
+
+
+def workload_key(w: dict) -> str:
+    return (f"T{w['num_tokens']} H{w['hidden']} E{w['num_experts']} K{w['topk']} EP{w['ep']} {w['dtype']} "
+            f"{w['routing']} seed{w['seed']} gpn{w['gpus_per_node']}")
+
+
+def rows_from_records(records: list[dict]) -> list[dict]:
+    """Bandwidth rows from moebench.dispatch records (timed, checked ones only)."""
+    rows = []
+    for r in records:
+        t = r.get("traffic") or {}
+        gbps = t.get("algbw_GBps") if t.get("algbw_GBps") is not None else t.get("busbw_GBps")
+        if not r.get("timing") or gbps is None or (r.get("check") or {}).get("status") != "PASS":
+            continue
+        b = r["backend"]
+        mode = (b.get("knobs") or {}).get("mode")
+        rows.append({"workload": workload_key(r["workload"]), "backend": b["name"] + (f"/{mode}" if mode else ""),
+                     "phase": r["phase"], "GBps": float(gbps)})
+    return rows
+
+
+def row_key(row: dict) -> str:
+    return f"{row['workload']} | {row['backend']} | {row['phase']}"
+
+
+def _rows_of(obj) -> list[dict]:
+    if isinstance(obj, dict) and "results" in obj:             # a moebench.check --json report
+        return [r for res in obj["results"] for r in (res.get("details") or {}).get("rows", [])]
+    if isinstance(obj, dict) and "traffic" in obj and "workload" in obj:   # a dispatch record
+        return rows_from_records([obj])
+    if isinstance(obj, dict) and {"workload", "backend", "phase", "GBps"} <= set(obj):
+        return [obj]
+    return []
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """Bandwidth rows from a dispatch JSONL, a rows JSONL or a check JSON report."""
+    text = Path(path).read_text()
+    try:
+        return _rows_of(json.loads(text))
+    except json.JSONDecodeError:
+        pass
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows += _rows_of(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+    return rows
+
+
+def compare(baseline: list[dict], current: list[dict], threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> dict:
+    """{'regressions': [...], 'compared': [...], 'only_baseline': [...], 'only_current': [...]}.
+    Duplicate keys on a side keep their best figure (a repeated run)."""
+    def best(rows):
+        out: dict[str, float] = {}
+        for r in rows:
+            k = row_key(r)
+            out[k] = max(out.get(k, float("-inf")), float(r["GBps"]))
+        return out
+    b, c = best(baseline), best(current)
+    compared, regressions = [], []
+    for k in sorted(b.keys() & c.keys()):
+        change = (c[k] - b[k]) / b[k] * 100.0 if b[k] else 0.0
+        item = {"row": k, "baseline_GBps": b[k], "current_GBps": c[k], "change_pct": round(change, 2)}
+        compared.append(item)
+        if -change > threshold_pct:
+            regressions.append(item)
+    return {"regressions": regressions, "compared": compared, "threshold_pct": threshold_pct,
+            "only_baseline": sorted(b.keys() - c.keys()), "only_current": sorted(c.keys() - b.keys())}
+
+
+def describe(item: dict) -> str:
+    return (f"{item['row']}: {item['baseline_GBps']:.1f} -> {item['current_GBps']:.1f} GB/s "
+            f"({item['change_pct']:+.1f}%)")
+
+
+@register("baseline", "regression gate: bandwidth rows against --baseline FILE (drop beyond --threshold fails)")
+def check_baseline(ctx: Context):
+    o = ctx.options
+    if not getattr(o, "baseline", None):
+        return waived("no --baseline FILE given")
+    base = read_rows(o.baseline)
+    current = [r for res in ctx.results for r in res.rows]
+    for f in getattr(o, "results", None) or []:
+        current += read_rows(f)
+    res = compare(base, current, o.threshold)
+    if not res["compared"]:
+        return waived(f"no rows in common with {o.baseline} ({len(base)} baseline, {len(current)} current rows)", **res)
+    if res["regressions"]:
+        worst = sorted(res["regressions"], key=lambda i: i["change_pct"])
+        more = f" (+{len(worst) - 3} more)" if len(worst) > 3 else ""
+        return failed(f"{len(worst)} row(s) dropped > {o.threshold:g}%: " + "; ".join(map(describe, worst[:3])) + more, **res)
+    return passed(f"{len(res['compared'])} row(s) within {o.threshold:g}% of {o.baseline}", **res)

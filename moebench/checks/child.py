@@ -1,0 +1,150 @@
+"""Crash-contained child processes: every probe of a backend (or of any native library that may
+segfault, abort or hang) runs here, never in the process that prints the report.
+
+A child is started in its own session, so on timeout the whole process group (the child and any
+rank processes it spawned) is killed. Its result comes back as one marker line of JSON on stdout;
+a signal, a non-zero exit or a timeout comes back as a `ChildResult` whose `failure()` line names
+the signal and quotes the last lines of stderr, which the check turns into a FAIL row.
+
+    python -m moebench.checks.child MODULE:FUNCTION '{"kwarg": 1}'
+runs FUNCTION(**kwargs) and prints its JSON-able return value after the marker.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MARKER = "@@moebench-child-result@@ "
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TAIL_LINES = 12
+
+
+@dataclass
+class ChildResult:
+    returncode: int | None
+    timed_out: bool
+    seconds: float
+    stdout: str = ""
+    stderr: str = ""
+    value: Any = None
+    has_value: bool = False
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def signal(self) -> str | None:
+        """Name of the signal that killed the child (SIGSEGV, SIGABRT, ...), else None."""
+        if self.returncode is not None and self.returncode < 0:
+            try:
+                return signal.Signals(-self.returncode).name
+            except ValueError:
+                return f"signal {-self.returncode}"
+        return None
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out and self.has_value
+
+    def stderr_tail(self, lines: int = TAIL_LINES) -> str:
+        return "\n".join(self.stderr.rstrip().splitlines()[-lines:])
+
+    def failure(self) -> str:
+        """One line: how the child ended, plus the last stderr line; '' when it succeeded."""
+        if self.ok:
+            return ""
+        if self.timed_out:
+            how = f"timed out after {self.seconds:.0f} s (killed)"
+        elif self.signal:
+            how = f"killed by {self.signal}"
+        elif self.returncode != 0:
+            how = f"exited with code {self.returncode}"
+        else:
+            how = "exited without a result"
+        last = self.stderr_tail(1).strip()
+        return f"{how}" + (f"; stderr: {last[:300]}" if last else "")
+
+
+def _env(extra: dict | None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
+    return env
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_argv(argv: list[str], timeout_s: float, env: dict | None = None, cwd=None) -> ChildResult:
+    """Run argv in a new session; kill its process group on timeout (and any leftovers after)."""
+    t0 = time.monotonic()
+    try:
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             errors="replace", env=_env(env), cwd=cwd or REPO_ROOT, start_new_session=True)
+    except OSError as e:
+        return ChildResult(None, False, 0.0, "", f"{type(e).__name__}: {e}", argv=argv)
+    timed_out = False
+    try:
+        out, err = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(p.pid)
+        out, err = p.communicate()
+    _kill_group(p.pid)          # rank processes left behind by a crashed parent
+    res = ChildResult(p.returncode, timed_out, time.monotonic() - t0, out, err, argv=argv)
+    for line in reversed(out.splitlines()):
+        if line.startswith(MARKER):
+            try:
+                res.value, res.has_value = json.loads(line[len(MARKER):]), True
+            except json.JSONDecodeError:
+                pass
+            break
+    return res
+
+
+def python_argv(*args: str) -> list[str]:
+    return [sys.executable, "-X", "faulthandler", *args]
+
+
+def run_code(code: str, timeout_s: float, env: dict | None = None) -> ChildResult:
+    """Run a snippet of Python in a child; it reports a value with `emit(value)`."""
+    return run_argv(python_argv("-c", code), timeout_s, env)
+
+
+def run_function(target: str, kwargs: dict | None = None, timeout_s: float = 300.0,
+                 env: dict | None = None) -> ChildResult:
+    """Run MODULE:FUNCTION(**kwargs) in a child; its return value comes back as `.value`."""
+    return run_argv(python_argv("-m", "moebench.checks.child", target, json.dumps(kwargs or {})),
+                    timeout_s, env)
+
+
+def emit(value: Any) -> None:
+    """Report the child's result to the parent (last marker line wins)."""
+    sys.stdout.write(MARKER + json.dumps(value, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (1, 2) or ":" not in args[0]:
+        print("usage: python -m moebench.checks.child MODULE:FUNCTION [JSON-KWARGS]", file=sys.stderr)
+        return 2
+    module, func = args[0].split(":", 1)
+    kwargs = json.loads(args[1]) if len(args) == 2 else {}
+    emit(getattr(importlib.import_module(module), func)(**kwargs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""DeepEP / HybridEP / Megatron acceptance: import, build kind, NVLink-domain fit, round trip.
+
+Every import of deep_ep, hybrid_ep_cpp and megatron.core happens in a child process (child.py): an
+install that segfaults or aborts on import is a FAIL row with the signal, and the import is tried
+even on a machine without GPUs. The round trips run `moebench.runner.run_case` (the same path as
+`python -m moebench.dispatch`) in a child, so HybridEP's abort across nodes or its segfault at world
+size 1 cannot take the report down.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from . import buildkind, child
+from .baseline import rows_from_records
+from .comm import find_nvcc, gpu_count
+from .registry import FAIL, WAIVED, Context, failed, passed, register, waived
+from .system import nvlink_domain
+
+DEEPEP_HINT = ("install DeepEP from branch hybrid-ep (legacy Buffer + HybridEPBuffer) or tag v1.2.1; "
+               "main (v2) lacks the legacy API Megatron imports")
+DEEPEP_RANKS = (2, 4, 8)
+DOMAIN_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def deep_ep_probe() -> dict:
+    """Child side: import deep_ep (and hybrid_ep_cpp) and say what they export."""
+    try:
+        import deep_ep
+    except Exception as e:  # noqa: BLE001 - reported as the exact error
+        return {"import_error": f"{type(e).__name__}: {e}"}
+    out = {"file": getattr(deep_ep, "__file__", None), "version": getattr(deep_ep, "__version__", None),
+           "Buffer": hasattr(deep_ep, "Buffer"), "HybridEPBuffer": hasattr(deep_ep, "HybridEPBuffer"),
+           "ElasticBuffer": hasattr(deep_ep, "ElasticBuffer"), "megatron_api_error": None}
+    try:
+        from deep_ep.utils import EventHandle, EventOverlap  # noqa: F401 - Megatron's fused_a2a import
+    except Exception as e:  # noqa: BLE001
+        out["megatron_api_error"] = f"{type(e).__name__}: {e}"
+    if out["HybridEPBuffer"]:
+        try:
+            import hybrid_ep_cpp
+            out["hybrid_ep_cpp"] = getattr(hybrid_ep_cpp, "__file__", None)
+        except Exception as e:  # noqa: BLE001
+            out["hybrid_ep_cpp_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _probe(ctx: Context):
+    return ctx.cached("deep_ep_probe", lambda: child.run_function("moebench.checks.ep:deep_ep_probe", {}, 180))
+
+
+def _import_failure(ctx: Context):
+    """A FAIL outcome when importing deep_ep crashed or raised, else None."""
+    r = _probe(ctx)
+    if not r.ok:
+        return failed(f"import deep_ep {r.failure()}", stderr=r.stderr_tail())
+    if r.value.get("import_error"):
+        return failed(f"import deep_ep raised {r.value['import_error']}")
+    return None
+
+
+@register("deepep.import", "deep_ep imports (in a child) and exports the legacy Buffer and EventOverlap Megatron uses")
+def check_deepep_import(ctx: Context):
+    if not _installed("deep_ep"):
+        return waived(f"deep_ep not installed; {DEEPEP_HINT}")
+    bad = _import_failure(ctx)
+    if bad:
+        return bad
+    v = _probe(ctx).value
+    ver = v.get("version") or "?"
+    if not v["Buffer"]:
+        return failed(f"deep_ep {ver} imports but has no legacy deep_ep.Buffer (DeepEP v2?): the deepep backend "
+                      f"and Megatron's flex dispatcher cannot use it; {DEEPEP_HINT}", probe=v)
+    if v["megatron_api_error"]:
+        return failed(f"`from deep_ep.utils import EventHandle, EventOverlap` fails ({v['megatron_api_error']}): "
+                      f"Megatron-Core silently reports DeepEP as not installed; {DEEPEP_HINT}", probe=v)
+    return passed(f"deep_ep {ver} imports from {v['file']}; legacy Buffer yes, HybridEPBuffer "
+                  f"{'yes' if v['HybridEPBuffer'] else 'no'}", probe=v, files=buildkind.deep_ep_layout())
+
+
+def roundtrip_child(backend: str, ep: int, num_tokens: int, hidden: int, num_experts: int, topk: int,
+                    iters: int, knobs: dict, timeout_s: float) -> list[dict]:
+    """Child side: the dispatch + combine check against the oracle, then a short timing, via run_case."""
+    from ..runner import Options, run_case
+    from ..workload import Workload
+    w = Workload(num_tokens=num_tokens, hidden=hidden, num_experts=num_experts, topk=topk, ep=ep,
+                 gpus_per_node=ep)
+    argv = ["--backend", backend, "--ep", str(ep), "--device", "cuda", "--num-tokens", str(num_tokens),
+            "--hidden", str(hidden), "--num-experts", str(num_experts), "--topk", str(topk),
+            "--gpus-per-node", str(ep), "--iters", str(iters)]
+    opts = Options(device="cuda", iters=iters, warmup_ms=100.0, timeout_s=timeout_s, knobs=dict(knobs),
+                   measure_ceiling=False)
+    return run_case(w, [backend], opts, argv, progress=lambda *_: None)
+
+
+def roundtrip(ctx: Context, backend: str, variants: list[dict], num_tokens: int | None = None):
+    """Run the backend at the visible GPU count once per knob variant; one outcome for all."""
+    o = ctx.options
+    ep = gpu_count()
+    recs = []
+    for knobs in variants:
+        kw = {"backend": backend, "ep": ep, "num_tokens": num_tokens or o.num_tokens, "hidden": o.hidden,
+              "num_experts": o.num_experts, "topk": o.topk, "iters": o.iters, "knobs": knobs, "timeout_s": o.timeout}
+        r = child.run_function("moebench.checks.ep:roundtrip_child", kw, o.timeout + 60)
+        if not r.ok:
+            return failed(f"{backend} {knobs or ''} round trip {r.failure()}".replace("  ", " "), stderr=r.stderr_tail())
+        recs += r.value
+    status = {rec["check"]["status"] for rec in recs}
+    errors = sorted({rec["check"]["error"] for rec in recs if rec["check"].get("error")})
+    if FAIL in status:
+        return failed(f"{backend} EP {ep}: {errors[0] if errors else 'FAIL'}", errors=errors)
+    if status == {WAIVED}:
+        return waived(f"{backend}: {errors[0] if errors else 'WAIVED'}", errors=errors)
+    rows = rows_from_records(recs)
+    figures = ", ".join(f"{r_['backend']} {r_['phase']} {r_['GBps']:.0f}" for r_ in rows)
+    return passed(f"EP {ep}, T {recs[0]['workload']['num_tokens']}: oracle PASS; algbw GB/s: {figures}",
+                  rows=rows, records=[{k: rec[k] for k in ("backend", "phase", "timing", "traffic", "check")}
+                                      for rec in recs])
+
+
+@register("deepep.roundtrip", "deepep (legacy Buffer, normal mode) dispatch + combine against the oracle at the visible GPU count")
+def check_deepep_roundtrip(ctx: Context):
+    if not _installed("deep_ep"):
+        return waived(f"deep_ep not installed; {DEEPEP_HINT}")
+    n = gpu_count()
+    if n not in DEEPEP_RANKS:
+        return waived(f"legacy deep_ep.Buffer runs intra-node on 2, 4 or 8 ranks; {n} GPU(s) visible")
+    return _import_failure(ctx) or roundtrip(ctx, "deepep", [{}])
+
+
+@register("deepep.ll-roundtrip", "deepep-ll (low-latency mode, NVSHMEM) dispatch + combine against the oracle")
+def check_deepep_ll_roundtrip(ctx: Context):
+    if not _installed("deep_ep"):
+        return waived(f"deep_ep not installed; {DEEPEP_HINT}")
+    n = gpu_count()
+    if n < 2:
+        return waived(f"low-latency mode needs 2+ ranks; {n} GPU(s) visible")
+    return _import_failure(ctx) or roundtrip(ctx, "deepep-ll", [{}], num_tokens=ctx.options.ll_num_tokens)
+
+
+def _hybridep_missing(ctx: Context):
+    """WAIVED/FAIL outcome when HybridEP is not there or does not import; None when it does."""
+    if not _installed("deep_ep"):
+        return waived(f"deep_ep not installed; {DEEPEP_HINT}")
+    bad = _import_failure(ctx)
+    if bad:
+        return bad
+    v = _probe(ctx).value
+    if not v["HybridEPBuffer"]:
+        return waived(f"deep_ep {v.get('version') or '?'} has no HybridEPBuffer (not built from branch hybrid-ep)")
+    if v.get("hybrid_ep_cpp_error"):
+        return failed(f"import hybrid_ep_cpp raised {v['hybrid_ep_cpp_error']}", probe=v)
+    return None
+
+
+@register("hybridep.import", "deep_ep.HybridEPBuffer imports (in a child); $CUDA_HOME/bin/nvcc exists for its JIT")
+def check_hybridep_import(ctx: Context):
+    bad = _hybridep_missing(ctx)
+    if bad:
+        return bad
+    home = os.environ.get("CUDA_HOME")
+    if not home or not (Path(home) / "bin" / "nvcc").exists():
+        found = find_nvcc()
+        hint = f"export CUDA_HOME={Path(found).parent.parent}" if found else "install the CUDA toolkit (nvcc)"
+        return failed(f"HybridEP JIT-compiles its kernels with $CUDA_HOME/bin/nvcc at first use, but CUDA_HOME is "
+                      f"{'unset' if not home else repr(home) + ' without bin/nvcc'}; {hint}")
+    return passed(f"HybridEPBuffer imports ({_probe(ctx).value.get('hybrid_ep_cpp')}); JIT nvcc {home}/bin/nvcc")
+
+
+def _build(ctx: Context):
+    so = buildkind.extension_path("hybrid_ep_cpp")
+    return buildkind.hybridep_build_kind(so) if so else None
+
+
+@register("hybridep.build", "HybridEP build kind: intra-node-only or multinode (extension strings and linked libraries)")
+def check_hybridep_build(ctx: Context):
+    if not _installed("hybrid_ep_cpp"):
+        return waived("hybrid_ep_cpp extension not installed (deep_ep not built from branch hybrid-ep)")
+    b = _build(ctx)
+    if b.kind == "unknown":
+        return waived(f"cannot tell the HybridEP build kind: {b.evidence}", build=b.asdict())
+    how = f" via {b.transport}" if b.transport else ""
+    return passed(f"HybridEP {b.kind}{how}: {b.evidence}", build=b.asdict())
+
+
+def judge_domain(env_value: str | None, domain: int, ep: int, tp: int, build: str | None) -> tuple[list[str], list[str]]:
+    """(problems, notes) for HybridEP's NVLink-domain setting and the EP x TP span."""
+    problems, notes = [], []
+    if env_value is not None:
+        if not env_value.strip().isdigit() or int(env_value) < 1:
+            return [f"{DOMAIN_ENV}={env_value!r} is not a positive integer"], notes
+        n = int(env_value)
+        if n > domain:
+            problems.append(f"{DOMAIN_ENV}={n} > detected NVLink domain of {domain} GPU(s): HybridEP would use "
+                            "CUDA IPC between GPUs that share no NVLink")
+        elif ep % n:
+            problems.append(f"{DOMAIN_ENV}={n} does not divide EP {ep}")
+        elif n < domain:
+            notes.append(f"{DOMAIN_ENV}={n} < detected domain {domain}: more traffic goes over the network")
+    span = ep * tp
+    if span > domain:
+        if build == "intranode":
+            problems.append(f"EP x TP = {ep} x {tp} = {span} leaves the NVLink domain of {domain} GPU(s), and this "
+                            "HybridEP build is intra-node-only: it aborts across nodes (rebuild with HYBRID_EP_MULTINODE=1)")
+        else:
+            notes.append(f"EP x TP = {span} spans {-(-span // domain)} NVLink domains: inter-domain traffic uses the NICs")
+    return problems, notes
+
+
+@register("hybridep.domain", f"{DOMAIN_ENV} against the detected NVLink domain; whether EP x TP leaves it")
+def check_hybridep_domain(ctx: Context):
+    if not _installed("hybrid_ep_cpp"):
+        return waived("hybrid_ep_cpp extension not installed (deep_ep not built from branch hybrid-ep)")
+    domain, how = nvlink_domain()
+    if domain is None:
+        return waived(f"cannot detect the NVLink domain: {how}")
+    o = ctx.options
+    ep = o.ep or max(1, gpu_count())
+    b = _build(ctx)
+    problems, notes = judge_domain(os.environ.get(DOMAIN_ENV), domain, ep, o.tp, b.kind if b else None)
+    d = {"domain_size": domain, "domain_source": how, "ep": ep, "tp": o.tp, "env": os.environ.get(DOMAIN_ENV),
+         "build": b.kind if b else None}
+    if problems:
+        return failed("; ".join(problems), notes=notes, **d)
+    return passed(f"NVLink domain {domain} ({how}); EP {ep} x TP {o.tp} fits" if ep * o.tp <= domain
+                  else "; ".join(notes), notes=notes, **d)
+
+
+@register("hybridep.roundtrip", "hybridep dispatch + combine (with-permute and plain) against the oracle at the visible GPU count")
+def check_hybridep_roundtrip(ctx: Context):
+    n = gpu_count()
+    bad = _hybridep_missing(ctx)
+    if bad:
+        return bad
+    if n < 2:
+        return waived(f"HybridEP needs 2+ ranks (HybridEPBuffer segfaults at world size 1); {n} GPU(s) visible")
+    return roundtrip(ctx, "hybridep", [{"mode": "permute"}, {"mode": "plain"}])
+
+
+def megatron_probe() -> dict:
+    """Child side: import megatron.core and read what its fused_a2a found."""
+    try:
+        import megatron.core as mc
+        from megatron.core.transformer.moe import fused_a2a
+    except Exception as e:  # noqa: BLE001
+        return {"import_error": f"{type(e).__name__}: {e}"}
+    out = {"version": getattr(mc, "__version__", None), "HAVE_DEEP_EP": getattr(fused_a2a, "HAVE_DEEP_EP", None),
+           "HAVE_HYBRIDEP": getattr(fused_a2a, "HAVE_HYBRIDEP", None)}
+    try:
+        from deep_ep import Buffer  # noqa: F401 - the same imports fused_a2a tries
+        from deep_ep.utils import EventHandle, EventOverlap  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        out["deep_ep_error"] = f"{type(e).__name__}: {e}"
+    try:
+        from deep_ep import HybridEPBuffer  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        out["hybridep_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def judge_megatron(v: dict, deep_ep: bool, hybrid: bool) -> list[str]:
+    problems = []
+    if deep_ep and not v.get("HAVE_DEEP_EP"):
+        problems.append(f"deep_ep is installed but Megatron's fused_a2a has HAVE_DEEP_EP={v.get('HAVE_DEEP_EP')} "
+                        f"({v.get('deep_ep_error', 'import succeeded here')}): flex/deepep would fall back silently")
+    if hybrid and not v.get("HAVE_HYBRIDEP"):
+        problems.append(f"HybridEP is installed but fused_a2a has HAVE_HYBRIDEP={v.get('HAVE_HYBRIDEP')} "
+                        f"({v.get('hybridep_error', 'import succeeded here')})")
+    return problems
+
+
+@register("megatron", "megatron-core imports and its fused_a2a really sees DeepEP/HybridEP (no silent fallback)")
+def check_megatron(ctx: Context):
+    if not _installed("megatron"):
+        return waived("megatron-core not installed")
+    r = child.run_function("moebench.checks.ep:megatron_probe", {}, 300)
+    if not r.ok:
+        return failed(f"import megatron.core {r.failure()}", stderr=r.stderr_tail())
+    v = r.value
+    if v.get("import_error"):
+        return failed(f"import megatron.core / fused_a2a raised {v['import_error']}")
+    deep, hybrid = _installed("deep_ep"), _installed("hybrid_ep_cpp")
+    problems = judge_megatron(v, deep, hybrid)
+    if problems:
+        return failed("; ".join(problems), probe=v)
+    if not deep:
+        return waived(f"megatron-core {v['version']} imports; deep_ep not installed, so there is no DeepEP/HybridEP "
+                      "for its flex dispatcher to see", probe=v)
+    seen = [n for n, k in (("DeepEP", "HAVE_DEEP_EP"), ("HybridEP", "HAVE_HYBRIDEP")) if v.get(k)]
+    return passed(f"megatron-core {v['version']}: fused_a2a sees {', '.join(seen)}", probe=v)

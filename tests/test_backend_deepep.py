@@ -1,0 +1,94 @@
+"""deepep / deepep-ll without deep_ep: limits, availability, and the grouping/weighting logic
+against the oracle (a one-rank simulation where every token is 'received')."""
+import sys
+import types
+
+import pytest
+import torch
+
+from moebench import reference
+from moebench.backends import Unavailable, get
+from moebench.backends.deepep import (DeepEPBackend, DeepEPLowLatencyBackend, group_by_local_expert,
+                                      import_deep_ep, weighted_rows)
+from moebench.workload import Workload, WorkloadError
+
+
+def test_registered_and_available_does_not_import():
+    assert get("deepep") is DeepEPBackend and get("deepep-ll") is DeepEPLowLatencyBackend
+    before = "deep_ep" in sys.modules
+    ok, why = DeepEPBackend.available()
+    assert ("deep_ep" in sys.modules) == before
+    if not ok:
+        assert "deep_ep not installed" in why and "hybrid-ep" in why
+
+
+@pytest.mark.parametrize("world", [1, 3, 6, 12])
+def test_normal_rank_counts(world):
+    w = Workload(num_tokens=8, hidden=256, num_experts=48, topk=2, ep=world)
+    with pytest.raises(WorkloadError, match="2, 4 or 8"):
+        DeepEPBackend().validate(w, world)
+
+
+def test_normal_limits():
+    ok = Workload(num_tokens=8, hidden=256, num_experts=16, topk=2, ep=8)
+    DeepEPBackend().validate(ok, 8)
+    DeepEPBackend().validate(ok.replace(dtype="fp8"), 8)
+    with pytest.raises(WorkloadError, match="multiple of 8"):
+        DeepEPBackend().validate(ok.replace(hidden=260), 8)
+    with pytest.raises(WorkloadError, match="even"):
+        DeepEPBackend(knob_values={"num_sms": 23}).validate(ok, 8)
+    w16 = Workload(num_tokens=8, hidden=256, num_experts=16, topk=2, ep=16, gpus_per_node=4)
+    with pytest.raises(WorkloadError, match="8 ranks per node"):
+        DeepEPBackend().validate(w16, 16)
+
+
+def test_ll_limits():
+    ok = Workload(num_tokens=128, hidden=7168, num_experts=256, topk=8, ep=8)
+    DeepEPLowLatencyBackend().validate(ok, 8)
+    for bad, msg in ((ok.replace(hidden=1024), "--hidden in"), (ok.replace(topk=12), "topk <= 11"),
+                     (ok.replace(dtype="fp8"), "fp8"), (ok.replace(num_tokens=4096), "GiB per rank")):
+        with pytest.raises(WorkloadError, match=msg):
+            DeepEPLowLatencyBackend().validate(bad, 8)
+    with pytest.raises(WorkloadError, match="2\\+ ranks"):
+        DeepEPLowLatencyBackend().validate(ok.replace(ep=1), 1)
+
+
+def test_setup_unavailable_names_the_error(monkeypatch):
+    fake = types.ModuleType("deep_ep")
+    fake.__version__ = "2.1.0"
+    monkeypatch.setitem(sys.modules, "deep_ep", fake)
+    with pytest.raises(Unavailable, match=r"deep_ep 2.1.0 has no deep_ep.Buffer.*v2 \(main\)"):
+        import_deep_ep("Buffer")
+
+
+@pytest.mark.parametrize("dtype,routing", [("bf16", "uniform"), ("bf16", "zipf:1.2,masked:0.2"), ("fp8", "uniform")])
+def test_grouping_and_weighting_match_the_oracle(dtype, routing):
+    """One rank holding every expert: recv_idx = topk_idx, recv_w = topk_w. The grouped rows must be
+    the oracle's dispatch and experts + weighted_rows must be the oracle's combine."""
+    w = Workload(num_tokens=64, hidden=256, num_experts=8, topk=3, ep=1, dtype=dtype, routing=routing, seed=3)
+    x, idx, wt, q, s = reference.rank_inputs(w, 0)
+    payload = q if q is not None else x
+    g = group_by_local_expert(payload, idx, wt, w.local_experts, s, impl="torch")
+    tpe = [int(c) for c in g.tokens_per_expert]
+    exp_rows, exp_scales = reference.expected_dispatch(w, 0)
+    got_s = reference.split_rows(g.scales_RS, tpe) if g.scales_RS is not None else None
+    assert reference.check_dispatch(reference.split_rows(g.x_RH, tpe), got_s, exp_rows, exp_scales, 0, w) == ""
+    y = reference.apply_experts(g.x_RH, tpe, 0, w, g.scales_RS)
+    out = weighted_rows(y, g, impl="torch")
+    assert reference.check_combine(out, reference.expected_combine(payload, idx, wt, w, s)) == ""
+    assert torch.allclose(g.probs_R.sum(), torch.where(idx >= 0, wt, 0.0).sum())
+    # without the weights the unweighted combine would be wrong: the test can fail
+    g.weights_NK.fill_(1.0)
+    assert reference.check_combine(weighted_rows(y, g, impl="torch"),
+                                   reference.expected_combine(payload, idx, wt, w, s)) != ""
+
+
+def test_grouping_two_rank_view():
+    """Rank 1 of EP 2: DeepEP gives local ids (global - 4) and -1 for rank 0's experts."""
+    w = Workload(num_tokens=32, hidden=128, num_experts=8, topk=3, ep=2, seed=1)
+    x, idx, wt, _, _ = reference.rank_inputs(w, 0)
+    local = torch.where(idx >= 4, idx - 4, -1)
+    keep = (local >= 0).any(1)                         # tokens DeepEP would send to rank 1
+    g = group_by_local_expert(x[keep], local[keep], wt[keep], 4, impl="torch")
+    assert g.x_RH.shape[0] == int((local >= 0).sum()) and sum(int(c) for c in g.tokens_per_expert) == g.x_RH.shape[0]
+    assert torch.equal(g.probs_R.sort().values, wt[local >= 0].sort().values)
