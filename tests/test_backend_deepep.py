@@ -22,7 +22,7 @@ def test_registered_and_available_does_not_import():
         assert "deep_ep not installed" in why and "hybrid-ep" in why
 
 
-@pytest.mark.parametrize("world", [1, 3, 6, 12])
+@pytest.mark.parametrize("world", [1, 3, 6, 12, 24, 48])   # 24: no SWITCH_RDMA_RANKS case; 48: no config
 def test_normal_rank_counts(world):
     w = Workload(num_tokens=8, hidden=256, num_experts=48, topk=2, ep=world)
     with pytest.raises(WorkloadError, match="2, 4 or 8"):
@@ -45,7 +45,8 @@ def test_normal_limits():
 def test_ll_limits():
     ok = Workload(num_tokens=128, hidden=7168, num_experts=256, topk=8, ep=8)
     DeepEPLowLatencyBackend().validate(ok, 8)
-    for bad, msg in ((ok.replace(hidden=1024), "--hidden in"), (ok.replace(topk=12), "topk <= 11"),
+    for bad, msg in ((ok.replace(hidden=1024), "--hidden in"), (ok.replace(hidden=3072), "--hidden in"),
+                     (ok.replace(topk=12), "topk <= 11"),
                      (ok.replace(dtype="fp8"), "fp8"), (ok.replace(num_tokens=4096), "GiB per rank")):
         with pytest.raises(WorkloadError, match=msg):
             DeepEPLowLatencyBackend().validate(bad, 8)

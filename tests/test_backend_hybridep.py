@@ -79,6 +79,22 @@ def test_plain_path_matches_the_oracle():
     assert reference.check_combine(part, exp) == ""
 
 
+def test_plain_probs_layout_two_domains():
+    """2 NVLink domains x 2 ranks, L=2 (E=8): HybridEP's plain dispatch hands rank 3 (node 1, local rank 1)
+    probs [N, L x 2] = the source rows' columns of node 1 (experts 4..7); rank 3's experts are columns 2..3."""
+    w = Workload(num_tokens=40, hidden=128, num_experts=8, topk=3, ep=4, gpus_per_node=2, seed=4)
+    _, idx, wt, _, _ = reference.rank_inputs(w, 0)
+    rmap, probs = routing_map_and_probs(idx, wt, 8)
+    L, node, local_rank = 2, 1, 1
+    first = (node * 2 + local_rank) * L
+    local_map = rmap[:, first:first + L]
+    recv = local_map.any(1)
+    probs_node = probs[recv][:, node * 2 * L:(node + 1) * 2 * L]      # width L x ranks per domain
+    lidx, lw = local_plain_inputs(local_map[recv], probs_node, local_rank)
+    assert torch.equal(lw, probs[recv][:, first:first + L] * local_map[recv])
+    assert torch.equal(lidx >= 0, local_map[recv])
+
+
 def test_permute_mode_weights_rows():
     """combine_with_unpermute is unweighted: rows x probs first, then a plain sum must equal the oracle."""
     w = Workload(num_tokens=30, hidden=64, num_experts=4, topk=2, ep=1, seed=7)

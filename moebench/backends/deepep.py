@@ -32,8 +32,10 @@ from .base import Backend, Dispatched, Unavailable
 
 HINT = ("install DeepEP from branch hybrid-ep (legacy Buffer + HybridEPBuffer) or tag v1.2.1; "
         "DeepEP v2 (main) lacks the legacy Buffer/EventOverlap API that Megatron imports")
-NORMAL_RANKS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)   # get_dispatch_config's table
-LL_HIDDEN = (2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192)
+# get_dispatch_config's table (2..160, no 48/96) intersected with the kernels' SWITCH_RANKS (2/4/8 in a node)
+# and SWITCH_RDMA_RANKS (16/32/64/128/144/160; 24 = 3 RDMA ranks has no kernel) on hybrid-ep and v1.2.1
+NORMAL_RANKS = (2, 4, 8, 16, 32, 64, 128, 144, 160)
+LL_HIDDEN = (2048, 2560, 4096, 5120, 6144, 7168, 8192)   # SWITCH_HIDDEN in csrc/kernels/launch.cuh (no 3072)
 LL_MAX_TOPK = 11
 LL_MAX_BUFFER_GiB = 16.0
 

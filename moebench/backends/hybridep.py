@@ -62,8 +62,11 @@ def ranks_per_domain(world: int, gpus_per_node: int) -> int:
 
 
 def local_plain_inputs(local_map_NL: torch.Tensor, probs_NX: torch.Tensor | None, rank_in_domain: int):
-    """Plain dispatch -> (local expert ids [N, L] with -1, weights [N, L]). probs_NX has one column
-    per expert of the NVLink domain (L x ranks); this rank's experts are its block of L columns."""
+    """Plain dispatch -> (local expert ids [N, L] with -1, weights [N, L]). HybridEP's plain dispatch
+    returns probs [N, L x ranks per NVLink domain]: each received row carries its source token's whole
+    row for the experts of this NVLink domain (other domains' columns are dropped), and this rank's experts
+    are columns [local_rank*L, (local_rank+1)*L), local_rank = HybridEPBuffer.local_rank (rank % domain
+    size). Same offset HybridEP's own permute kernel reads (extension/permute.cu, prob_base)."""
     N, L = local_map_NL.shape
     ids = torch.arange(L, device=local_map_NL.device).expand(N, L)
     idx = torch.where(local_map_NL, ids, -1)
@@ -186,7 +189,8 @@ class HybridEPBackend(Backend):
         tokens, probs_NX, sf, h = self.buffer.dispatch(hidden=hidden, scaling_factor=scales_TS,
                                                        routing_map=rmap, probs=probs)
         N = tokens.shape[0]
-        idx, wts = local_plain_inputs(h[4][:N], probs_NX, self.rank % self.rpd)
+        # h[4] = local_expert_routing_map [>= N, L], rows in dispatched order; HybridEP's own local rank
+        idx, wts = local_plain_inputs(h[4][:N], probs_NX, getattr(self.buffer, "local_rank", self.rank % self.rpd))
         tokens = tokens.view(torch.float8_e4m3fn) if fp8 else tokens
         g = group_by_local_expert(tokens, idx, wts, self.w.local_experts, sf, impl=self.impl)
         return Dispatched(g.x_RH, g.tokens_per_expert, _Handle(h, grouped=g), g.scales_RS, g.probs_R)
