@@ -38,8 +38,8 @@ class AlltoallBackend(Backend):
         if self.impl == "auto":
             self.impl = ops.best_impl(device)
         L, W = w.local_experts, self.world
-        self.to_expert_major = [s * L + j for j in range(L) for s in range(W)]
-        self.to_rank_major = [j * W + s for s in range(W) for j in range(L)]
+        self.to_expert_major = torch.tensor([s * L + j for j in range(L) for s in range(W)], device=device)
+        self.to_rank_major = torch.tensor([j * W + s for s in range(W) for j in range(L)], device=device)
 
     def knobs(self):
         return {**super().knobs(), "ops_impl": self.impl}
@@ -72,19 +72,18 @@ class AlltoallBackend(Backend):
         x_R = self._a2a(p.x_RH, R, out_splits, in_splits)
         probs_recv = self._a2a(probs_R, R, out_splits, in_splits)
         scales_R = self._a2a(p.scales_RS, R, out_splits, in_splits) if p.scales_RS is not None else None
-        chunks = recv_counts.view(-1).tolist()
         if L > 1:
-            x_R = ops.sort_chunks_by_idxs(x_R, chunks, self.to_expert_major, impl=self.impl)
-            probs_recv = ops.sort_chunks_by_idxs(probs_recv[:, None], chunks, self.to_expert_major, impl="torch")[:, 0]
-            if scales_R is not None:
-                scales_R = ops.sort_chunks_by_idxs(scales_R, chunks, self.to_expert_major, impl="torch")
+            chunks = recv_counts.view(-1).to(x_TH.device, non_blocking=True)
+            sort = lambda t: ops.sort_chunks_by_idxs(t, chunks, self.to_expert_major, impl=self.impl)  # noqa: E731
+            x_R, probs_recv = sort(x_R), sort(probs_recv[:, None])[:, 0]
+            scales_R = sort(scales_R) if scales_R is not None else None
         handle = _Handle(p.row_map_TK, topk_w_TK, in_splits, out_splits, recv_counts)
         return Dispatched(x_R, recv_counts.sum(0).tolist(), handle, scales_R, probs_recv)
 
     def combine(self, y_RH, handle: _Handle):
         L = self.w.local_experts
         if L > 1:
-            chunks = handle.recv_counts_WL.t().reshape(-1).tolist()
+            chunks = handle.recv_counts_WL.t().reshape(-1).to(y_RH.device, non_blocking=True)
             y_RH = ops.sort_chunks_by_idxs(y_RH, chunks, self.to_rank_major, impl=self.impl)
         back = self._a2a(y_RH, sum(handle.input_splits), handle.input_splits, handle.output_splits)
         return ops.unpermute(back, handle.row_map_TK, handle.topk_w_TK, impl=self.impl)
