@@ -71,7 +71,7 @@ def _child(rank, world, device_type, timeout_s, port, fn, args, results):
         results.put((rank, "ok", out))
         dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
-        results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"))
+        results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-8)}"))
         raise SystemExit(1)
 
 

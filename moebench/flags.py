@@ -1,0 +1,284 @@
+"""From moebench results to Megatron settings: pick the winner of a matched A/B, emit its flags.
+
+Winner rule (per workload: same shape, routing, EP, dtype, seed and device). The control is
+`alltoall`; a candidate (`deepep`, `hybridep`) replaces it only when its dispatch+combine time
+beats the control's by more than the measured noise:
+
+    gain_us  = control.median - candidate.median                       (phases summed)
+    noise_us = (control.median - control.p10) + (candidate.p90 - candidate.median)
+    win      = gain_us > noise_us  and  gain_us > min_gain * control.median
+
+i.e. the candidate's p90 is below the control's p10. Among winners the largest gain is taken.
+Otherwise `alltoall` stays, with the reason. Megatron-path results (`mcore-*`, the exact code a
+training step runs) are preferred to the raw backends when both a control and a candidate passed
+there; the two families are never mixed in one A/B. Only records whose check PASSed count.
+
+Flags are a lookup, since backend names are Megatron's own values (see DESIGN.md, Megatron handoff).
+The SM-count flag depends on the megatron-core version: `--moe-flex-dispatcher-num-sms` from 0.19,
+`--moe-deepep-num-sms` / `--moe-hybridep-num-sms` before.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+
+PHASES = ("dispatch", "combine")
+MEGATRON_BACKENDS = ("alltoall", "deepep", "hybridep")
+FAMILIES = {   # family -> (control, {backend record name: Megatron backend})
+    "mcore": ("mcore-alltoall", {"mcore-deepep": "deepep", "mcore-hybridep": "hybridep"}),
+    "raw": ("alltoall", {"deepep": "deepep", "hybridep": "hybridep"}),
+}
+FLEX_DEFAULT_SMS = {"deepep": "20", "hybridep": "16 (0.16/0.17) or DeepEP's default (0.18+)"}
+
+
+class FlagsError(ValueError):
+    """Bad input for flags: one line on stderr, exit 2."""
+
+
+def parse_version(v: str) -> tuple[int, int]:
+    m = re.match(r"^\s*v?(\d+)\.(\d+)", v or "")
+    if not m:
+        raise FlagsError(f"cannot read megatron-core version {v!r} (expected e.g. 0.16.1 or 0.19.2)")
+    return int(m.group(1)), int(m.group(2))
+
+
+@dataclass
+class FlagSet:
+    backend: str
+    megatron_core_version: str
+    megatron_lm: list[str] = field(default_factory=list)       # argv tokens for pretrain_gpt.py
+    megatron_bridge: list[str] = field(default_factory=list)   # Hydra-style key=value overrides
+    env: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def asdict(self) -> dict:
+        d = asdict(self)
+        d["megatron_lm_cmdline"] = " ".join(self.megatron_lm)
+        return d
+
+
+def megatron_flags(backend: str, version: str, num_sms: int | None = None, overlap: bool = False,
+                   ep: int | None = None, ranks_per_nvlink_domain: int | None = None) -> FlagSet:
+    """The Megatron-LM flags, Megatron-Bridge overrides and env for one dispatcher backend."""
+    backend = backend[len("mcore-"):] if backend.startswith("mcore-") else backend
+    if backend not in MEGATRON_BACKENDS:
+        raise FlagsError(f"no Megatron setting for backend {backend!r} (known: {', '.join(MEGATRON_BACKENDS)})")
+    if num_sms is not None and num_sms < 1:
+        raise FlagsError(f"--num-sms must be >= 1, got {num_sms}")
+    new = parse_version(version) >= (0, 19)
+    f = FlagSet(backend, version)
+    if backend == "alltoall":
+        f.megatron_lm += ["--moe-token-dispatcher-type", "alltoall"]
+        f.megatron_bridge.append("model.moe_token_dispatcher_type=alltoall")
+        if num_sms is not None:
+            f.notes.append("alltoall runs on NCCL: an SM count does not apply and is not emitted")
+    else:
+        f.megatron_lm += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", backend]
+        f.megatron_bridge += ["model.moe_token_dispatcher_type=flex", f"model.moe_flex_dispatcher_backend={backend}"]
+        if num_sms is not None:
+            key = "moe_flex_dispatcher_num_sms" if new else f"moe_{backend}_num_sms"
+            f.megatron_lm += ["--" + key.replace("_", "-"), str(num_sms)]
+            f.megatron_bridge.append(f"model.{key}={num_sms}")
+        else:
+            f.notes.append(f"no SM count measured or given: Megatron's default applies ({FLEX_DEFAULT_SMS[backend]})")
+        if backend == "hybridep":
+            if ranks_per_nvlink_domain:
+                f.env["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] = str(ranks_per_nvlink_domain)
+            else:
+                f.notes.append("set NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN to the GPUs per NVLink domain "
+                               "if HybridEP's detection is wrong (not known here)")
+        f.notes.append("recommended with flex: --moe-router-dtype fp32 (model.moe_router_dtype=fp32); "
+                       "DeepEP/HybridEP take fp32 probs and cast otherwise")
+        f.notes.append("flex does not support --moe-shared-expert-overlap (Bridge turns it off)")
+    if overlap:
+        _add_overlap(f, ep)
+    if parse_version(version) < (0, 16):
+        f.notes.append("flags were checked against megatron-core 0.16.1 and 0.19.2 only")
+    return f
+
+
+def _add_overlap(f: FlagSet, ep: int | None) -> None:
+    if ep is not None and ep < 2:
+        f.notes.append("overlap not emitted: overlap_moe_expert_parallel_comm needs EP > 1")
+        return
+    f.megatron_lm += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    f.megatron_bridge += ["comm_overlap.overlap_moe_expert_parallel_comm=true",
+                          "comm_overlap.delay_wgrad_compute=true"]
+    f.env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
+    f.notes.append("overlap needs EP > 1, bf16/fp16, no full recompute and no 'moe' recompute, "
+                   "--moe-shared-expert-overlap off, VPP when PP > 1; set it under comm_overlap in Bridge "
+                   "(CommOverlapConfig overwrites model.overlap_moe_expert_parallel_comm)")
+
+
+# ---------------------------------------------------------------- results -> decisions
+@dataclass
+class Summary:
+    """One backend's matched record set: dispatch+combine times summed over phases."""
+    name: str
+    status: str                       # PASS | FAIL | WAIVED | INCOMPLETE
+    error: str = ""
+    median_us: float = 0.0
+    p10_us: float = 0.0
+    p90_us: float = 0.0
+    knobs: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+
+
+def workload_key(rec: dict) -> str:
+    return json.dumps({"workload": rec.get("workload"), "device": rec.get("device")}, sort_keys=True)
+
+
+def summarize(records: list[dict]) -> dict[str, Summary]:
+    """name -> Summary over the dispatch and combine phases (the last record of each phase wins)."""
+    last: dict[str, dict[str, dict]] = {}
+    for r in records:
+        last.setdefault(r["backend"]["name"], {})[r["phase"]] = r
+    out = {}
+    for name, phases in last.items():
+        recs = [phases.get(p) for p in PHASES]
+        any_rec = next(r for r in phases.values())
+        s = Summary(name, any_rec["check"]["status"], any_rec["check"].get("error") or "",
+                    knobs=any_rec["backend"].get("knobs") or {}, env=(any_rec.get("env") or {}).get("env") or {})
+        if s.status == "PASS":
+            if any(r is None or not r.get("timing") for r in recs):
+                s.status, s.error = "INCOMPLETE", "no timed dispatch and combine records"
+            else:
+                for key in ("median_us", "p10_us", "p90_us"):
+                    setattr(s, key, sum(float(r["timing"][key]) for r in recs))
+        out[name] = s
+    return out
+
+
+def compare(control: Summary, cand: Summary, min_gain: float = 0.0) -> dict:
+    gain = control.median_us - cand.median_us
+    noise = (control.median_us - control.p10_us) + (cand.p90_us - cand.median_us)
+    wins = gain > noise and gain > min_gain * control.median_us
+    if wins:
+        why = f"faster by {gain:.1f} us ({100 * gain / control.median_us:.1f}%), more than the noise {noise:.1f} us"
+    elif gain <= 0:
+        why = f"slower than {control.name} by {-gain:.1f} us"
+    elif gain <= noise:
+        why = f"gain {gain:.1f} us is within the measured noise {noise:.1f} us"
+    else:
+        why = f"gain {gain:.1f} us is below the required {100 * min_gain:.1f}% of {control.name}"
+    return {"name": cand.name, "status": cand.status, "median_us": cand.median_us, "p10_us": cand.p10_us,
+            "p90_us": cand.p90_us, "gain_us": gain, "noise_us": noise, "wins": wins, "why": why}
+
+
+def decide(records: list[dict], min_gain: float = 0.0) -> dict:
+    """The A/B for one workload's records: {family, control, candidates, winner, reason}."""
+    sums = summarize(records)
+    fam = _pick_family(sums)
+    out = {"family": fam, "control": None, "candidates": [], "winner": "alltoall", "winner_record": None}
+    if fam is None:
+        seen = ", ".join(f"{n} {s.status}" for n, s in sums.items()) or "no records"
+        out["reason"] = ("keep alltoall: no matched A/B (it needs a passing alltoall control and a passing "
+                         f"candidate of the same family, raw or mcore-*; measured: {seen})")
+        out["candidates"] = [_ineligible(s) for n, s in sums.items() if n not in ("alltoall", "mcore-alltoall")]
+        return out
+    control_name, cands = FAMILIES[fam]
+    control = sums[control_name]
+    out["control"] = {"name": control.name, "median_us": control.median_us, "p10_us": control.p10_us,
+                      "p90_us": control.p90_us}
+    best = None
+    for name in cands:
+        if name not in sums:
+            out["candidates"].append({"name": name, "status": "MISSING", "wins": False, "why": "not measured"})
+        elif sums[name].status != "PASS":
+            out["candidates"].append(_ineligible(sums[name]))
+        else:
+            c = compare(control, sums[name], min_gain)
+            out["candidates"].append(c)
+            if c["wins"] and (best is None or c["gain_us"] > best["gain_us"]):
+                best = c
+    if best:
+        out["winner"], out["winner_record"] = cands[best["name"]], best["name"]
+        out["reason"] = f"{best['name']} wins the A/B against {control_name}: {best['why']}"
+    else:
+        whys = "; ".join(f"{c['name']}: {c['why']}" for c in out["candidates"])
+        out["reason"] = f"keep alltoall: no candidate beat {control_name} by more than the noise ({whys})"
+    return out
+
+
+def _pick_family(sums: dict[str, Summary]) -> str | None:
+    for fam in ("mcore", "raw"):
+        control, cands = FAMILIES[fam]
+        if control in sums and sums[control].status == "PASS" and \
+                any(sums[c].status == "PASS" for c in cands if c in sums):
+            return fam
+    return None
+
+
+def _ineligible(s: Summary) -> dict:
+    why = s.status + (f": {s.error}" if s.error else "")
+    return {"name": s.name, "status": s.status, "wins": False, "why": f"not eligible ({why})"}
+
+
+def decisions_from_results(records: list[dict], version: str, overlap: bool = False, num_sms: int | None = None,
+                           min_gain: float = 0.0) -> list[dict]:
+    """One decision (A/B + flags) per matched workload group in a results file."""
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        if isinstance(r, dict) and {"workload", "backend", "phase", "check"} <= r.keys():
+            groups.setdefault(workload_key(r), []).append(r)
+    out = []
+    for key, recs in groups.items():
+        recs, best = _best_setting_only(recs)
+        d = decide(recs, min_gain)
+        w = recs[0]["workload"]
+        sums = summarize(recs)
+        sms = num_sms
+        env_domain = None
+        if d["winner_record"]:
+            won = sums[d["winner_record"]]
+            sms = sms if sms is not None else _knob_sms(won.knobs)
+            env_domain = won.env.get("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN")
+        domain = int(env_domain) if env_domain else min(w["ep"], w.get("gpus_per_node", w["ep"]))
+        flags = megatron_flags(d["winner"], version, sms if d["winner"] != "alltoall" else None, overlap,
+                               ep=w["ep"], ranks_per_nvlink_domain=domain)
+        for k, v in best.get(d["winner_record"], {}).items():   # env knobs of the swept best setting
+            if k.startswith("env:"):
+                flags.env[k[4:]] = str(v)
+        out.append({"workload": w, "device": recs[0].get("device"), **d, "flags": flags.asdict()})
+    return out
+
+
+def _best_setting_only(recs: list[dict]) -> tuple[list[dict], dict[str, dict]]:
+    """Where a knob sweep timed a backend at several settings, keep only its fastest setting
+    (sweep.best_knobs: lowest dispatch + combine median), so the A/B and the flags use it."""
+    from .sweep import best_knobs, knobs_of
+    best = {b["backend"]: b["knobs"] for b in best_knobs(recs) if b["settings"] > 1}
+    kept = [r for r in recs if r["backend"]["name"] not in best or knobs_of(r) == best[r["backend"]["name"]]]
+    return kept, best
+
+
+def _knob_sms(knobs: dict) -> int | None:
+    for k in ("num_sms", "moe_flex_dispatcher_num_sms", "moe_deepep_num_sms", "moe_hybridep_num_sms"):
+        if knobs.get(k) is not None:
+            return int(knobs[k])
+    return None
+
+
+def format_decision(d: dict) -> str:
+    """Human-readable block for one decision."""
+    w = d.get("workload") or {}
+    lines = []
+    if w:
+        lines.append(f"# workload: T={w.get('num_tokens')} H={w.get('hidden')} E={w.get('num_experts')} "
+                     f"K={w.get('topk')} EP={w.get('ep')} dtype={w.get('dtype')} routing={w.get('routing')} "
+                     f"device={d.get('device')}")
+    if d.get("control"):
+        c = d["control"]
+        lines.append(f"#   control {c['name']}: {c['median_us']:.1f} us (p10 {c['p10_us']:.1f}, p90 {c['p90_us']:.1f})")
+    for c in d.get("candidates", []):
+        t = f"{c['median_us']:.1f} us (p10 {c['p10_us']:.1f}, p90 {c['p90_us']:.1f}) " if "median_us" in c else ""
+        lines.append(f"#   candidate {c['name']}: {t}{'WINS' if c.get('wins') else 'no'} - {c['why']}")
+    f = d["flags"]
+    lines.append(f"# winner: {d['winner']} - {d['reason']}")
+    lines.append(f"megatron-lm:     {f['megatron_lm_cmdline']}")
+    lines.append(f"megatron-bridge: {' '.join(f['megatron_bridge'])}")
+    if f["env"]:
+        lines.append("env:             " + " ".join(f"{k}={v}" for k, v in f["env"].items()))
+    lines += [f"# note: {n}" for n in f["notes"]]
+    return "\n".join(lines)

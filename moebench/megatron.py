@@ -1,0 +1,230 @@
+"""python -m moebench.megatron: hand a dispatcher choice to Megatron, and prove it in training.
+
+  flags     Megatron-LM flags, Megatron-Bridge overrides and env for the winner of a matched A/B in
+            a moebench results file (--results FILE, one decision per workload), or for a named
+            backend (--backend NAME [--num-sms N]). A candidate replaces alltoall only when it beats
+            it by more than the measured noise (see moebench/flags.py).
+  validate  A short megatron-core training run (small GPT with MoE layers, mock data, same seed):
+            the control (alltoall), then the candidate, each in its own launch. Reports steady-window
+            step time, model TFLOP/s per GPU (Megatron's arithmetic), loss finite and falling, skipped/
+            NaN steps, peak memory per rank, and which dispatcher class ran. Exit 1 when it fails.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import sys
+
+from . import flags as F
+from . import results
+
+VALIDATE_SCHEMA = "moebench.megatron.validate/1"
+FLAGS_SCHEMA = "moebench.megatron.flags/1"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m moebench.megatron", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("flags", help="Megatron settings from results or a backend name")
+    src = f.add_mutually_exclusive_group(required=True)
+    src.add_argument("--results", help="moebench.dispatch JSONL file")
+    src.add_argument("--backend", help="alltoall | deepep | hybridep (mcore-* accepted)")
+    f.add_argument("--num-sms", type=int, help="SMs for deepep/hybridep (default: from the winning record)")
+    f.add_argument("--megatron-core-version", help="target megatron-core (default: the installed one)")
+    f.add_argument("--overlap", action="store_true", help="also emit EP comm/compute overlap settings")
+    f.add_argument("--ep", type=int, help="EP of the training run (--backend mode; gates --overlap)")
+    f.add_argument("--ranks-per-nvlink-domain", type=int,
+                   help="GPUs per NVLink domain for HybridEP's env (--backend mode)")
+    f.add_argument("--min-gain", type=float, default=0.0,
+                   help="also require the gain to exceed this fraction of alltoall's time (default 0)")
+    f.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    v = sub.add_parser("validate", help="short megatron-core training check of a dispatcher")
+    v.add_argument("--dispatcher", choices=("alltoall", "deepep", "hybridep"), required=True)
+    v.add_argument("--steps", type=int, default=50)
+    v.add_argument("--ep", type=int, help="EP = world size (default: visible GPUs)")
+    v.add_argument("--num-layers", type=int, default=2)
+    v.add_argument("--hidden", type=int, default=1024)
+    v.add_argument("--heads", type=int, default=16)
+    v.add_argument("--ffn-hidden", type=int, default=2048, help="expert FFN hidden size")
+    v.add_argument("--num-experts", type=int, default=8)
+    v.add_argument("--topk", type=int, default=2)
+    v.add_argument("--seq-length", type=int, default=1024)
+    v.add_argument("--micro-batch", type=int, default=4)
+    v.add_argument("--vocab", type=int, default=32000)
+    v.add_argument("--lr", type=float, default=1e-3)
+    v.add_argument("--seed", type=int, default=1234)
+    v.add_argument("--aux-loss-coeff", type=float, default=0.0, help="0 = no load-balancing loss")
+    v.add_argument("--num-sms", type=int, help="SMs for deepep/hybridep")
+    v.add_argument("--no-control", action="store_true", help="skip the alltoall control run")
+    v.add_argument("--out", default="moebench-megatron.jsonl", help="JSONL file to append to")
+    v.add_argument("--timeout", type=float, default=900.0, help="seconds per launch")
+    v.add_argument("--cpu-functional", action="store_true", help=argparse.SUPPRESS)   # tests only
+    return p
+
+
+def _installed_mcore() -> str | None:
+    try:
+        return importlib.metadata.version("megatron-core")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cmd_flags(args) -> int:
+    version = args.megatron_core_version or _installed_mcore()
+    if not version:
+        raise F.FlagsError("megatron-core is not installed here: pass --megatron-core-version V")
+    F.parse_version(version)
+    if args.results:
+        try:
+            recs = results.read_jsonl(args.results)
+        except (OSError, ValueError) as e:
+            raise F.FlagsError(f"cannot read {args.results}: {e}") from None
+        decisions = F.decisions_from_results(recs, version, args.overlap, args.num_sms, args.min_gain)
+        if not decisions:
+            raise F.FlagsError(f"{args.results} holds no moebench.dispatch records")
+    else:
+        fs = F.megatron_flags(args.backend, version, args.num_sms, args.overlap, args.ep, args.ranks_per_nvlink_domain)
+        decisions = [{"workload": None, "device": None, "family": None, "control": None, "candidates": [],
+                      "winner": fs.backend, "winner_record": None, "reason": "requested with --backend",
+                      "flags": fs.asdict()}]
+    if args.json:
+        print(json.dumps({"schema": FLAGS_SCHEMA, "megatron_core_version": version, "decisions": decisions},
+                         indent=1, default=str))
+    else:
+        print("\n\n".join(F.format_decision(d) for d in decisions))
+    return 0
+
+
+def _validate_spec(args):
+    from .mcore_train import TrainSpec
+    spec = TrainSpec(steps=args.steps, num_layers=args.num_layers, hidden=args.hidden, heads=args.heads,
+                     ffn_hidden=args.ffn_hidden, num_experts=args.num_experts, topk=args.topk,
+                     seq_length=args.seq_length, micro_batch=args.micro_batch, vocab=args.vocab, lr=args.lr,
+                     seed=args.seed, aux_loss_coeff=args.aux_loss_coeff, num_sms=args.num_sms)
+    for name in ("steps", "num_layers", "hidden", "heads", "ffn_hidden", "num_experts", "topk", "seq_length",
+                 "micro_batch", "vocab"):
+        if getattr(spec, name) < 1:
+            raise F.FlagsError(f"--{name.replace('_', '-')} must be >= 1")
+    if spec.steps < 2:
+        raise F.FlagsError("--steps must be >= 2 (first and last loss windows)")
+    if spec.hidden % spec.heads:
+        raise F.FlagsError(f"--hidden {spec.hidden} is not divisible by --heads {spec.heads}")
+    if spec.topk > spec.num_experts:
+        raise F.FlagsError(f"--topk {spec.topk} exceeds --num-experts {spec.num_experts}")
+    return spec
+
+
+def _validate_env(args) -> tuple[str, int]:
+    """(device type, world); raises FlagsError (exit 2) when this machine cannot run it."""
+    import importlib.util
+    import torch
+    from .launch import joined_env
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        raise F.FlagsError("validate needs megatron-core (pip install megatron-core)")
+    joined = joined_env()
+    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if args.cpu_functional:
+        return "cpu", args.ep or 1
+    if ngpu == 0:
+        raise F.FlagsError("validate needs CUDA: no GPU is visible (megatron-core's dispatchers and model run on GPU)")
+    world = joined[1] if joined else (args.ep or ngpu)
+    if not joined and world > ngpu:
+        raise F.FlagsError(f"--ep {world} needs {world} GPUs, {ngpu} visible (or launch with torchrun)")
+    if args.dispatcher != "alltoall":
+        if world < 2:
+            raise F.FlagsError(f"--dispatcher {args.dispatcher} needs EP >= 2 "
+                               "(Megatron's flex dispatcher asserts TPxEP > 1)")
+        if importlib.util.find_spec("deep_ep") is None:
+            raise F.FlagsError(f"--dispatcher {args.dispatcher} needs deep_ep installed (WAIVED here)")
+    if args.num_experts % world:
+        raise F.FlagsError(f"--num-experts {args.num_experts} is not divisible by EP {world}")
+    return "cuda", world
+
+
+def run_one(spec, dispatcher: str, device: str, world: int, timeout: float) -> dict:
+    from .launch import LaunchError, run_ranks
+    from .mcore_train import rank_train, summarize
+    try:
+        ranks = run_ranks(rank_train, world, device, timeout, args=(spec, dispatcher, device == "cpu"))
+    except LaunchError as e:
+        print(str(e), file=sys.stderr)
+        return {"dispatcher": dispatcher, "world": world, "status": "FAIL", "errors": [str(e).splitlines()[0][:1500]]}
+    if not ranks:      # a non-zero rank of a torchrun job
+        return {}
+    return summarize(ranks, spec, dispatcher, world)
+
+
+TABLE = ("run", "dispatcher", "ran (class / manager)", "step ms", "TFLOP/s/GPU", "loss first->last win",
+         "nan/skip", "peak GiB", "status")
+
+
+def _row(role: str, r: dict) -> list[str]:
+    if "step_ms" not in r:
+        return [role, r["dispatcher"], "-", "-", "-", "-", "-", "-", "FAIL: " + "; ".join(r["errors"])]
+    ev = r["evidence"]["layers"][0]
+    cls = ev["dispatcher_class"] + (f" / {ev['comm_manager_class']}" if ev["comm_manager_class"] else "")
+    mem = [m for m in r["peak_mem_bytes"] if m is not None]
+    status = r["status"] + (": " + "; ".join(r["errors"]) if r["errors"] else "")
+    return [role, r["dispatcher"], f"{cls} x{ev['token_dispatch_calls']}", f"{r['step_ms']['steady_mean']:.2f}",
+            f"{r['tflops_per_gpu']:.2f}", f"{r['loss']['first_window']:.3f}->{r['loss']['last_window']:.3f}",
+            f"{r['nan_steps']}/{r['skipped_steps']}", f"{max(mem) / 2**30:.2f}" if mem else "-", status]
+
+
+def cmd_validate(args, argv) -> int:
+    spec = _validate_spec(args)
+    device, world = _validate_env(args)
+    if device == "cpu":
+        print("# CPU functional run (CUDA calls emulated): not a measurement and not a validation")
+    runs = [] if args.no_control or args.dispatcher == "alltoall" else [("control", "alltoall")]
+    runs.append(("candidate", args.dispatcher))
+    out = []
+    for role, disp in runs:
+        print(f"# {role}: megatron-core GPT-MoE, dispatcher {disp}, EP {world}, {spec.steps} steps ...", flush=True)
+        r = run_one(spec, disp, device, world, args.timeout)
+        if not r:
+            return 0
+        r["role"] = role
+        out.append(r)
+    _compare_to_control(out)
+    from tabulate import tabulate
+    print(tabulate([_row(r["role"], r) for r in out], headers=TABLE, tablefmt="simple", disable_numparse=True))
+    prov, now = results.provenance(), results.utc_now()
+    recs = [{"schema": VALIDATE_SCHEMA, "argv": argv, "repro": results.repro_command(argv, "moebench.megatron"),
+             "device": device, **r, "env": prov, "end_utc": now} for r in out]
+    results.write_jsonl(args.out, recs)
+    print(f"# {len(recs)} records appended to {args.out}")
+    failed = [r for r in out if r["status"] != "PASS"]
+    print(f"# validation {'FAILED' if failed else 'PASSED'} for {args.dispatcher}",
+          file=sys.stderr if failed else sys.stdout)
+    return 1 if failed else 0
+
+
+def _compare_to_control(out: list[dict]) -> None:
+    """Same seed, same data: the candidate's first loss must match the control's within 2%."""
+    ctl = next((r for r in out if r["role"] == "control" and "loss" in r), None)
+    for r in out:
+        if r["role"] != "candidate" or ctl is None or "loss" not in r:
+            continue
+        a, b = ctl["loss"]["first"], r["loss"]["first"]
+        rel = abs(a - b) / max(abs(a), 1e-9)
+        r["vs_control"] = {"first_loss_rel_diff": rel,
+                           "step_time_ratio": r["step_ms"]["steady_mean"] / ctl["step_ms"]["steady_mean"]}
+        if rel > 0.02:
+            r["errors"].append(f"first-step loss {b:.4f} differs from the control's {a:.4f} by {100 * rel:.1f}%")
+            r["status"] = "FAIL"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+    try:
+        return cmd_flags(args) if args.cmd == "flags" else cmd_validate(args, argv)
+    except F.FlagsError as e:
+        print(f"moebench.megatron {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
