@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# GPU tier + benchmark of moebench.ops in one device call:
+#   JIT-build moebench._C, run tests/test_ops*.py -m gpu, then python -m moebench.permute
+#   writing $OUT/permute-h200.jsonl + .png. Carry .whl (megatron-core wheel) for the baseline.
+# Usage (device): bash bench/permute_gpu.sh [extra args for moebench.permute]
+set -uo pipefail
+OUT="${OUT:-out}"; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export MOEBENCH_EXT_DIR="${MOEBENCH_EXT_DIR:-/tmp/moebench-ext}"
+if ls .whl/megatron_core-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/megatron_core-*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+t0=$(date +%s)
+python3 -c "import moebench.ops as o; print('impl_status', o.impl_status())" 2>&1 | tail -3
+echo "# build: $(( $(date +%s) - t0 )) s"
+if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
+  timeout 300 python3 -m pytest -q -m gpu tests/test_ops_gpu.py -x -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu-tests.log"
+fi
+echo "# tests done: $(( $(date +%s) - t0 )) s"
+python3 -m moebench.permute --out "$OUT/permute-h200.jsonl" --plot "$OUT/permute-h200.png" "$@" 2>&1 \
+  | tee "$OUT/permute-h200.txt"
+python3 -m moebench.permute --dtype fp8 --ops permute --shapes 4096x7168x8x256,16384x7168x8x256 \
+  --impl megatron,triton,cuda --iters 30 --out "$OUT/permute-h200-fp8.jsonl" 2>&1 | tee "$OUT/permute-h200-fp8.txt"
+echo "# all done: $(( $(date +%s) - t0 )) s"

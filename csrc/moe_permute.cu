@@ -1,0 +1,708 @@
+// moebench permute / unpermute / sort-chunks CUDA kernels (see moe_permute.h for the contract).
+//
+// Permute = three launches, no host round trip before the copy:
+//   route_rank  : slots in blocks of 256*ITEMS; each warp ranks its slots stably per expert with
+//                 __match_any_sync; per-warp counts are scanned in shared memory; writes each
+//                 slot's rank inside its block and the block's per-expert counts [NB, E].
+//   route_scan  : one 32x32 block turns counts into each block's first row per expert (expert
+//                 starts padded to `pad`), tokens per expert, and the row count, also written to
+//                 mapped pinned host memory so the host can learn R while the copy runs.
+//   permute_copy: one warp per token reads its row once (16-byte vectors, UNROLL in flight) and
+//                 stores it to its K rows; writes row_map; fp8 scales ride along.
+// Unpermute: one warp per token, all K rows' vectors loaded before use (KMAX compile-time), fp32
+// accumulation in k order with round-to-nearest mul and add (bitwise equal to the torch oracle).
+#include "moe_permute.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+namespace {
+
+thread_local char g_err[512] = "";
+
+int fail(const char* what, cudaError_t e = cudaSuccess) {
+  snprintf(g_err, sizeof(g_err), "%s%s%s", what, e == cudaSuccess ? "" : ": ",
+           e == cudaSuccess ? "" : cudaGetErrorString(e));
+  return -1;
+}
+
+#define MOE_CHECK_LAUNCH(what)                     \
+  do {                                             \
+    cudaError_t e_ = cudaGetLastError();           \
+    if (e_ != cudaSuccess) return fail(what, e_);  \
+  } while (0)
+
+constexpr int kWarps = 8;        // warps per block in every kernel
+constexpr int kThreads = 32 * kWarps;
+constexpr unsigned kFull = 0xffffffffu;
+
+// ------------------------------------------------------------------ vector load/store helpers
+template <typename V, bool STREAM>
+__device__ __forceinline__ V ld(const V* p) {
+  if constexpr (STREAM) return __ldcs(p); else return __ldg(p);
+}
+template <typename V, bool STREAM>
+__device__ __forceinline__ void st(V* p, const V& v) {
+  if constexpr (STREAM) __stcs(p, v); else *p = v;
+}
+// __ldcs/__stcs/__ldg have no overloads for 8/16-bit scalars; route those through plain access.
+template <> __device__ __forceinline__ uint8_t ld<uint8_t, true>(const uint8_t* p) { return *p; }
+template <> __device__ __forceinline__ uint8_t ld<uint8_t, false>(const uint8_t* p) { return *p; }
+template <> __device__ __forceinline__ void st<uint8_t, true>(uint8_t* p, const uint8_t& v) { *p = v; }
+template <> __device__ __forceinline__ uint16_t ld<uint16_t, true>(const uint16_t* p) { return *p; }
+template <> __device__ __forceinline__ uint16_t ld<uint16_t, false>(const uint16_t* p) { return *p; }
+template <> __device__ __forceinline__ void st<uint16_t, true>(uint16_t* p, const uint16_t& v) { *p = v; }
+
+__device__ __forceinline__ long long load_idx(const void* idx, bool idx64, int64_t s) {
+  return idx64 ? static_cast<const long long*>(idx)[s] : static_cast<const int*>(idx)[s];
+}
+
+// ------------------------------------------------------------------ route_rank
+template <int ITEMS>
+__global__ void __launch_bounds__(kThreads) route_rank_kernel(const void* __restrict__ idx,
+                                                              bool idx64, int64_t n, int E,
+                                                              int32_t* __restrict__ lrank,
+                                                              int32_t* __restrict__ counts) {
+  extern __shared__ int32_t cnt[];  // [kWarps][E]: running count, then exclusive warp prefix
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int i = threadIdx.x; i < kWarps * E; i += kThreads) cnt[i] = 0;
+  const int64_t wbase = (int64_t)blockIdx.x * kThreads * ITEMS + (int64_t)warp * 32 * ITEMS;
+  int ex[ITEMS], rk[ITEMS];
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j) {
+    const int64_t s = wbase + j * 32 + lane;
+    const long long e = s < n ? load_idx(idx, idx64, s) : -1;
+    ex[j] = (e >= 0 && e < E) ? (int)e : -1;
+  }
+  __syncthreads();
+  int32_t* wc = cnt + warp * E;
+  const unsigned lt = (1u << lane) - 1u;
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j) {
+    const unsigned peers = __match_any_sync(kFull, ex[j]);
+    const int prior = ex[j] >= 0 ? wc[ex[j]] : 0;
+    rk[j] = prior + __popc(peers & lt);
+    __syncwarp();
+    if (ex[j] >= 0 && (peers & lt) == 0) wc[ex[j]] = prior + __popc(peers);
+    __syncwarp();
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += kThreads) {
+    int run = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const int c = cnt[w * E + e];
+      cnt[w * E + e] = run;
+      run += c;
+    }
+    counts[(int64_t)blockIdx.x * E + e] = run;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j)
+    if (ex[j] >= 0) lrank[wbase + j * 32 + lane] = rk[j] + wc[ex[j]];
+}
+
+// ------------------------------------------------------------------ route_scan
+__device__ __forceinline__ int pad_up(int c, int pad) { return pad > 1 ? (c + pad - 1) / pad * pad : c; }
+
+// blockDim (32, 32): lane = expert within a tile of 32, g = one of 32 contiguous groups of blocks.
+// counts [NB, E] in: per-block counts; out: per-block first row per expert. Experts go in phases
+// of kTG tiles so that kTG independent loads per thread are in flight (the first version looped
+// tile by tile and was latency-bound: 16 us at E = 256).
+constexpr int kTG = 8;
+__global__ void __launch_bounds__(1024) route_scan_kernel(int32_t* __restrict__ counts, int NB,
+                                                          int E, int pad, int32_t* __restrict__ tpe,
+                                                          int32_t* __restrict__ estart_out,
+                                                          int32_t* __restrict__ ecount_out,
+                                                          int32_t* __restrict__ total_dev,
+                                                          int32_t* total_host) {
+  extern __shared__ int32_t start[];  // [E]: raw totals, then padded expert starts
+  __shared__ int32_t red[kTG][32][33];
+  __shared__ int32_t wsum[32];
+  const int lane = threadIdx.x, g = threadIdx.y, tid = g * 32 + lane;
+  const int nbg = (NB + 31) / 32, b0 = min(NB, g * nbg), b1 = min(NB, b0 + nbg);
+  for (int p0 = 0; p0 < E; p0 += kTG * 32) {  // pass 1: totals per expert
+    int ps[kTG];
+#pragma unroll
+    for (int j = 0; j < kTG; ++j) ps[j] = 0;
+#pragma unroll 2
+    for (int b = b0; b < b1; ++b) {
+#pragma unroll
+      for (int j = 0; j < kTG; ++j) {
+        const int e = p0 + j * 32 + lane;
+        if (e < E) ps[j] += counts[(int64_t)b * E + e];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kTG; ++j) red[j][g][lane] = ps[j];
+    __syncthreads();
+    if (tid < kTG * 32) {  // thread tid sums expert p0 + tid over the 32 groups
+      const int j = tid >> 5, e = p0 + tid;
+      int s = 0;
+#pragma unroll 8
+      for (int i = 0; i < 32; ++i) s += red[j][i][lane];
+      if (e < E) start[e] = s;
+    }
+    __syncthreads();
+  }
+  // exclusive scan of padded totals over experts: each thread owns `per` consecutive experts
+  const int per = (E + 1023) / 1024, i0 = min(E, tid * per), i1 = min(E, i0 + per);
+  int local = 0;
+  for (int i = i0; i < i1; ++i) local += pad_up(start[i], pad);
+  int incl = local;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(kFull, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) wsum[g] = incl;
+  __syncthreads();
+  if (g == 0) {
+    int v = wsum[lane], x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(kFull, x, o);
+      if (lane >= o) x += y;
+    }
+    wsum[lane] = x - v;  // exclusive
+    if (lane == 31) {
+      total_dev[0] = x;
+      if (total_host) {
+        *(volatile int32_t*)total_host = x;
+        __threadfence_system();
+      }
+    }
+  }
+  __syncthreads();
+  int run = wsum[g] + incl - local;
+  for (int i = i0; i < i1; ++i) {
+    const int c = start[i], p = pad_up(c, pad);
+    tpe[i] = p;
+    ecount_out[i] = c;
+    estart_out[i] = run;
+    start[i] = run;
+    run += p;
+  }
+  __syncthreads();
+  for (int p0 = 0; p0 < E; p0 += kTG * 32) {  // pass 2: per-block bases
+    int c[kTG][4];  // the first 4 blocks of this group stay in registers (NB <= 128: all)
+    int ps[kTG];
+#pragma unroll
+    for (int j = 0; j < kTG; ++j) ps[j] = 0;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int j = 0; j < kTG; ++j) {
+        const int e = p0 + j * 32 + lane, b = b0 + q;
+        c[j][q] = (e < E && b < b1) ? counts[(int64_t)b * E + e] : 0;
+        ps[j] += c[j][q];
+      }
+#pragma unroll 2
+    for (int b = b0 + 4; b < b1; ++b)
+#pragma unroll
+      for (int j = 0; j < kTG; ++j) {
+        const int e = p0 + j * 32 + lane;
+        if (e < E) ps[j] += counts[(int64_t)b * E + e];
+      }
+    __syncthreads();  // red is reused from the previous phase
+#pragma unroll
+    for (int j = 0; j < kTG; ++j) red[j][g][lane] = ps[j];
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kTG; ++j) {
+      const int e = p0 + j * 32 + lane;
+      if (e >= E) continue;
+      int r = start[e];
+      for (int i = 0; i < g; ++i) r += red[j][i][lane];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int b = b0 + q;
+        if (b < b1) { counts[(int64_t)b * E + e] = r; r += c[j][q]; }
+      }
+      for (int b = b0 + 4; b < b1; ++b) {
+        const int64_t o = (int64_t)b * E + e;
+        const int cc = counts[o];
+        counts[o] = r;
+        r += cc;
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ permute_copy
+template <typename V, int UNROLL, bool STREAM>
+__global__ void __launch_bounds__(kThreads) permute_copy_kernel(
+    const V* __restrict__ x, int64_t nv, const uint8_t* __restrict__ sx, int64_t s_bytes,
+    const void* __restrict__ idx, bool idx64, int64_t T, int K, int E, int SB,
+    const int32_t* __restrict__ lrank, const int32_t* __restrict__ base, V* __restrict__ out,
+    uint8_t* __restrict__ sout, int32_t* __restrict__ row_map) {
+  const int lane = threadIdx.x & 31;
+  const int64_t t = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
+  if (t >= T) return;
+  int row = -1;  // lane k < K holds slot k's output row (K <= 32)
+  if (lane < K) {
+    const int64_t s = t * K + lane;
+    const long long e = load_idx(idx, idx64, s);
+    if (e >= 0 && e < E) row = base[(s / SB) * E + e] + lrank[s];
+    row_map[s] = row;
+  }
+  const V* src = x + t * nv;
+  for (int64_t v0 = 0; v0 < nv; v0 += 32 * UNROLL) {
+    V buf[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t v = v0 + u * 32 + lane;
+      if (v < nv) buf[u] = ld<V, STREAM>(src + v);
+    }
+    for (int k = 0; k < K; ++k) {
+      const int r = __shfl_sync(kFull, row, k);
+      if (r < 0) continue;
+      V* dst = out + (int64_t)r * nv;
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int64_t v = v0 + u * 32 + lane;
+        if (v < nv) st<V, STREAM>(dst + v, buf[u]);
+      }
+    }
+  }
+  if (s_bytes > 0) {  // scales: small rows, 4-byte words when aligned, else bytes
+    const bool w4 = (s_bytes & 3) == 0;
+    const int64_t n = w4 ? s_bytes / 4 : s_bytes;
+    for (int64_t i0 = 0; i0 < n; i0 += 32) {  // whole warp iterates: shuffles stay converged
+      const int64_t i = i0 + lane;
+      uint32_t v4 = 0;
+      uint8_t v1 = 0;
+      if (i < n) {
+        if (w4) v4 = reinterpret_cast<const uint32_t*>(sx + t * s_bytes)[i];
+        else v1 = sx[t * s_bytes + i];
+      }
+      for (int k = 0; k < K; ++k) {
+        const int r = __shfl_sync(kFull, row, k);
+        if (r < 0 || i >= n) continue;
+        if (w4) reinterpret_cast<uint32_t*>(sout + (int64_t)r * s_bytes)[i] = v4;
+        else sout[(int64_t)r * s_bytes + i] = v1;
+      }
+    }
+  }
+}
+
+// zero the padding rows of expert blockIdx.x: rows [start + count, start + padded), contiguous
+__device__ void zero_bytes(uint8_t* p, int64_t n) {
+  if (n <= 0) return;
+  if ((reinterpret_cast<uintptr_t>(p) & 15) == 0 && (n & 15) == 0) {
+    uint4* q = reinterpret_cast<uint4*>(p);
+    for (int64_t i = threadIdx.x; i < n / 16; i += kThreads) q[i] = make_uint4(0, 0, 0, 0);
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) p[i] = 0;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) zero_pad_kernel(uint8_t* __restrict__ out,
+                                                            int64_t row_bytes,
+                                                            uint8_t* __restrict__ sout,
+                                                            int64_t s_bytes,
+                                                            const int32_t* __restrict__ estart,
+                                                            const int32_t* __restrict__ ecount,
+                                                            const int32_t* __restrict__ tpe) {
+  const int e = blockIdx.x;
+  const int64_t r0 = (int64_t)estart[e] + ecount[e], r1 = (int64_t)estart[e] + tpe[e];
+  zero_bytes(out + r0 * row_bytes, (r1 - r0) * row_bytes);
+  if (sout) zero_bytes(sout + r0 * s_bytes, (r1 - r0) * s_bytes);
+}
+
+// ------------------------------------------------------------------ unpermute
+template <typename T> struct Elem;
+template <> struct Elem<float> {
+  static __device__ __forceinline__ float to(float v) { return v; }
+  static __device__ __forceinline__ float from(float v) { return v; }
+};
+template <> struct Elem<__nv_bfloat16> {
+  static __device__ __forceinline__ float to(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
+};
+template <> struct Elem<__half> {
+  static __device__ __forceinline__ float to(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half from(float v) { return __float2half_rn(v); }
+};
+
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack { T v[VEC]; };
+
+template <typename P>
+__device__ __forceinline__ P ldg_pack(const P* p) {
+  P r;
+  if constexpr (sizeof(P) == 16) *reinterpret_cast<uint4*>(&r) = __ldg(reinterpret_cast<const uint4*>(p));
+  else if constexpr (sizeof(P) == 8) *reinterpret_cast<uint2*>(&r) = __ldg(reinterpret_cast<const uint2*>(p));
+  else if constexpr (sizeof(P) == 4) *reinterpret_cast<unsigned*>(&r) = __ldg(reinterpret_cast<const unsigned*>(p));
+  else if constexpr (sizeof(P) == 2) *reinterpret_cast<unsigned short*>(&r) = __ldg(reinterpret_cast<const unsigned short*>(p));
+  else r = *p;
+  return r;
+}
+
+__device__ __forceinline__ float load_w(const void* w, int dt, int64_t i) {
+  if (dt == MOE_F32) return static_cast<const float*>(w)[i];
+  if (dt == MOE_BF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(w)[i]);
+  return __half2float(static_cast<const __half*>(w)[i]);
+}
+
+// 4 warps (tokens) per block: ~100 registers per thread, so small blocks pack more warps per SM
+constexpr int kUnpWarps = 4;
+template <typename T, int VEC, int KMAX, int UNROLL>
+__global__ void __launch_bounds__(32 * kUnpWarps) unpermute_kernel(const T* __restrict__ y,
+                                                             const int32_t* __restrict__ row_map,
+                                                             const void* __restrict__ w, int w_dt,
+                                                             T* __restrict__ out, int64_t Tn,
+                                                             int K, int64_t nv) {
+  using P = Pack<T, VEC>;
+  const int lane = threadIdx.x & 31;
+  const int64_t t = (int64_t)blockIdx.x * kUnpWarps + (threadIdx.x >> 5);
+  if (t >= Tn) return;
+  int row = -1;
+  float wk = 0.f;
+  if (lane < K) {
+    row = row_map[t * K + lane];
+    if (row >= 0) wk = load_w(w, w_dt, t * K + lane);
+  }
+  const P* yp = reinterpret_cast<const P*>(y);
+  P* op = reinterpret_cast<P*>(out) + t * nv;
+  for (int64_t v0 = 0; v0 < nv; v0 += 32 * UNROLL) {
+    P buf[KMAX][UNROLL];
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k) {
+      const int r = __shfl_sync(kFull, row, k);
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int64_t v = v0 + u * 32 + lane;
+        if (k < K && r >= 0 && v < nv) buf[k][u] = ldg_pack(yp + (int64_t)r * nv + v);
+      }
+    }
+    float acc[UNROLL][VEC];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) acc[u][i] = 0.f;
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k) {
+      const int r = __shfl_sync(kFull, row, k);
+      const float wf = __shfl_sync(kFull, wk, k);
+      if (k >= K || r < 0) continue;
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+        for (int i = 0; i < VEC; ++i)
+          acc[u][i] = __fadd_rn(acc[u][i], __fmul_rn(wf, Elem<T>::to(buf[k][u].v[i])));
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t v = v0 + u * 32 + lane;
+      if (v >= nv) continue;
+      P o;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) o.v[i] = Elem<T>::from(acc[u][i]);
+      op[v] = o;
+    }
+  }
+}
+
+// ------------------------------------------------------------------ sort_chunks
+// Exclusive scan in place over a[0, n) in shared memory by the whole block (kThreads threads).
+__device__ void block_exclusive_scan(int64_t* a, int n, int64_t* wsum) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int per = (n + kThreads - 1) / kThreads, i0 = min(n, tid * per), i1 = min(n, i0 + per);
+  int64_t local = 0;
+  for (int i = i0; i < i1; ++i) local += a[i];
+  int64_t incl = local;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int64_t v = __shfl_up_sync(kFull, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) wsum[warp] = incl;
+  __syncthreads();
+  if (tid == 0) {
+    int64_t r = 0;
+    for (int w = 0; w < kWarps; ++w) { const int64_t v = wsum[w]; wsum[w] = r; r += v; }
+  }
+  __syncthreads();
+  int64_t run = wsum[warp] + incl - local;
+  for (int i = i0; i < i1; ++i) { const int64_t v = a[i]; a[i] = run; run += v; }
+  __syncthreads();
+}
+
+template <typename V, int UNROLL>
+__global__ void __launch_bounds__(kThreads) sort_chunks_kernel(const V* __restrict__ x,
+                                                               V* __restrict__ out, int64_t nv,
+                                                               int64_t R,
+                                                               const int64_t* __restrict__ sizes,
+                                                               const int64_t* __restrict__ idxs,
+                                                               int C) {
+  extern __shared__ int64_t sm[];  // in_start[C], out_start[C], src_start[C]
+  __shared__ int64_t wsum[kWarps];
+  int64_t *in_start = sm, *out_start = sm + C, *src_start = sm + 2 * C;
+  for (int c = threadIdx.x; c < C; c += kThreads) {
+    in_start[c] = sizes[c];
+    out_start[c] = sizes[idxs[c]];
+  }
+  __syncthreads();
+  block_exclusive_scan(in_start, C, wsum);
+  block_exclusive_scan(out_start, C, wsum);
+  for (int c = threadIdx.x; c < C; c += kThreads) src_start[c] = in_start[idxs[c]];
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  for (int64_t r = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5); r < R;
+       r += (int64_t)gridDim.x * kWarps) {
+    int lo = 0, hi = C - 1;  // last chunk j with out_start[j] <= r
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (out_start[mid] <= r) lo = mid; else hi = mid - 1;
+    }
+    const V* src = x + (src_start[lo] + r - out_start[lo]) * nv;
+    V* dst = out + r * nv;
+    for (int64_t v0 = 0; v0 < nv; v0 += 32 * UNROLL) {
+      V buf[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int64_t v = v0 + u * 32 + lane;
+        if (v < nv) buf[u] = __ldg(src + v);
+      }
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int64_t v = v0 + u * 32 + lane;
+        if (v < nv) dst[v] = buf[u];
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ host helpers
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int slot_items(int64_t n) {  // slots per rank block = 256 * items; aim for <= 128 blocks
+  int items = 1;
+  while (items < 16 && (int64_t)kThreads * items * 128 < n) items *= 2;
+  return items;
+}
+
+// mapped pinned slots for the row count, plus one event each, reused round-robin per device
+struct HostSlots {
+  int32_t* host = nullptr;
+  cudaEvent_t ev[64];
+  bool ok = false;
+};
+constexpr int kSlots = 64;
+HostSlots g_slots[64];
+std::mutex g_slots_mu;
+std::atomic<unsigned> g_slot_next{0};
+
+HostSlots* host_slots(int dev) {
+  if (dev < 0 || dev >= 64) return nullptr;
+  std::lock_guard<std::mutex> lock(g_slots_mu);
+  HostSlots& hs = g_slots[dev];
+  if (!hs.ok) {
+    if (cudaHostAlloc(&hs.host, kSlots * sizeof(int32_t), cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess)
+      return nullptr;
+    for (int i = 0; i < kSlots; ++i)
+      if (cudaEventCreateWithFlags(&hs.ev[i], cudaEventDisableTiming) != cudaSuccess) return nullptr;
+    hs.ok = true;
+  }
+  return &hs;
+}
+
+template <typename V>
+bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % sizeof(V) == 0; }
+
+template <typename V, bool STREAM, int U>
+void launch_copy(dim3 grid, cudaStream_t st, const void* x, int64_t row_bytes, const void* sx,
+                 int64_t s_bytes, const void* idx, bool idx64, int64_t T, int K, int E, int SB,
+                 const int32_t* lrank, const int32_t* base, void* out, void* sout,
+                 int32_t* row_map) {
+  permute_copy_kernel<V, U, STREAM><<<grid, kThreads, 0, st>>>(
+      static_cast<const V*>(x), row_bytes / (int64_t)sizeof(V), static_cast<const uint8_t*>(sx),
+      s_bytes, idx, idx64, T, K, E, SB, lrank, base, static_cast<V*>(out),
+      static_cast<uint8_t*>(sout), row_map);
+}
+
+// variant bit 0: streaming (evict-first) loads/stores; bit 1: 8 vectors in flight per lane, not 4
+template <bool STREAM, bool DEEP>
+void dispatch_copy(dim3 grid, cudaStream_t st, const void* x, int64_t rb, const void* sx,
+                   int64_t sb, const void* idx, bool idx64, int64_t T, int K, int E, int SB,
+                   const int32_t* lrank, const int32_t* base, void* out, void* sout,
+                   int32_t* row_map) {
+#define MOE_COPY(V, U) launch_copy<V, STREAM, U>(grid, st, x, rb, sx, sb, idx, idx64, T, K, E, SB, lrank, base, out, sout, row_map)
+  if (rb % 16 == 0 && aligned<uint4>(x) && aligned<uint4>(out)) MOE_COPY(uint4, DEEP ? 8 : 4);
+  else if (rb % 8 == 0 && aligned<uint2>(x) && aligned<uint2>(out)) MOE_COPY(uint2, 8);
+  else if (rb % 4 == 0 && aligned<uint32_t>(x) && aligned<uint32_t>(out)) MOE_COPY(uint32_t, 8);
+  else if (rb % 2 == 0 && aligned<uint16_t>(x) && aligned<uint16_t>(out)) MOE_COPY(uint16_t, 16);
+  else MOE_COPY(uint8_t, 16);
+#undef MOE_COPY
+}
+
+// variant bit 1: 2 vectors per row in flight for K <= 8 (more registers, fewer warps)
+template <typename T, int VEC>
+int launch_unpermute(const void* y, const int32_t* row_map, const void* w, int w_dt, void* out,
+                     int64_t Tn, int K, int64_t H, int variant, cudaStream_t st) {
+  const dim3 grid((unsigned)cdiv(Tn, kUnpWarps));
+  const int64_t nv = H / VEC;
+  const T* yp = static_cast<const T*>(y);
+  T* op = static_cast<T*>(out);
+#define MOE_UNP(KM, U) unpermute_kernel<T, VEC, KM, U><<<grid, 32 * kUnpWarps, 0, st>>>(yp, row_map, w, w_dt, op, Tn, K, nv)
+  if (K <= 4) MOE_UNP(4, 2);
+  else if (K <= 8 && (variant & 2)) MOE_UNP(8, 2);
+  else if (K <= 8) MOE_UNP(8, 1);
+  else if (K <= 16) MOE_UNP(16, 1);
+  else MOE_UNP(32, 1);
+#undef MOE_UNP
+  MOE_CHECK_LAUNCH("unpermute_kernel");
+  return 0;
+}
+
+template <typename T>
+int dispatch_unpermute(const void* y, const int32_t* row_map, const void* w, int w_dt, void* out,
+                       int64_t Tn, int K, int64_t H, int variant, cudaStream_t st) {
+  constexpr int VEC = 16 / sizeof(T);
+  if (H % VEC == 0 && aligned<uint4>(y) && aligned<uint4>(out))
+    return launch_unpermute<T, VEC>(y, row_map, w, w_dt, out, Tn, K, H, variant, st);
+  return launch_unpermute<T, 1>(y, row_map, w, w_dt, out, Tn, K, H, variant, st);
+}
+
+template <typename V>
+int launch_sort_chunks(const void* x, int64_t rb, int64_t R, const int64_t* sizes,
+                       const int64_t* idxs, int C, void* out, cudaStream_t st) {
+  constexpr int U = sizeof(V) >= 16 ? 4 : 8;
+  int dev = 0, sms = 132;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const unsigned grid = (unsigned)std::min<int64_t>(cdiv(R, kWarps), (int64_t)sms * 8);
+  const size_t smem = 3 * (size_t)C * sizeof(int64_t);
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(sort_chunks_kernel<V, U>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return fail("sort_chunks: too many chunks for shared memory", e);
+  }
+  sort_chunks_kernel<V, U><<<grid, kThreads, smem, st>>>(static_cast<const V*>(x),
+                                                         static_cast<V*>(out),
+                                                         rb / (int64_t)sizeof(V), R, sizes, idxs, C);
+  MOE_CHECK_LAUNCH("sort_chunks_kernel");
+  return 0;
+}
+
+}  // namespace
+
+// ================================================================== C API
+extern "C" {
+
+const char* moe_last_error(void) { return g_err; }
+
+size_t moe_permute_workspace_bytes(int64_t n_slots, int E) {
+  const int64_t sb = (int64_t)kThreads * slot_items(n_slots);
+  const int64_t nb = cdiv(std::max<int64_t>(n_slots, 1), sb);
+  // lrank [n] + counts/base [nb*E] + estart [E] + ecount [E] + total [1]
+  return sizeof(int32_t) * (size_t)(n_slots + nb * E + 2 * (int64_t)E + 1);
+}
+
+int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int64_t s_row_bytes,
+                    const void* idx, int idx_bytes, int64_t T, int K, int E, int pad, void* out,
+                    void* out_scales, int32_t* row_map, int32_t* tpe, void* workspace, int wait,
+                    int variant, cudaStream_t stream) {
+  if (K < 1 || K > 32) return fail("moe_permute: need 1 <= K <= 32");
+  if (E < 1 || E > 4096) return fail("moe_permute: need 1 <= E <= 4096");
+  if (idx_bytes != 4 && idx_bytes != 8) return fail("moe_permute: idx must be int32 or int64");
+  const int64_t n = T * K;
+  const int items = slot_items(n);
+  const int SB = kThreads * items;
+  const int NB = (int)cdiv(std::max<int64_t>(n, 1), SB);
+  int32_t* lrank = static_cast<int32_t*>(workspace);
+  int32_t* base = lrank + n;
+  int32_t* estart = base + (int64_t)NB * E;
+  int32_t* ecount = estart + E;
+  int32_t* total = ecount + E;
+  const bool idx64 = idx_bytes == 8;
+
+  int dev = 0;
+  cudaGetDevice(&dev);
+  HostSlots* hs = wait ? host_slots(dev) : nullptr;
+  if (wait && !hs) return fail("moe_permute: cannot allocate mapped host memory");
+  const unsigned slot = wait ? g_slot_next.fetch_add(1) % kSlots : 0;
+  int32_t* host_total = wait ? hs->host + slot : nullptr;
+  if (host_total) *(volatile int32_t*)host_total = -1;
+
+  const size_t smem_rank = sizeof(int32_t) * kWarps * (size_t)E;
+#define MOE_RANK(I)                                                                         \
+  case I:                                                                                   \
+    if (smem_rank > 48 * 1024 &&                                                            \
+        cudaFuncSetAttribute(route_rank_kernel<I>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                             (int)smem_rank) != cudaSuccess)                                \
+      return fail("route_rank_kernel: too many experts for shared memory");                 \
+    route_rank_kernel<I><<<NB, kThreads, smem_rank, stream>>>(idx, idx64, n, E, lrank, base); \
+    break;
+  switch (items) { MOE_RANK(1) MOE_RANK(2) MOE_RANK(4) MOE_RANK(8) MOE_RANK(16) }
+#undef MOE_RANK
+  MOE_CHECK_LAUNCH("route_rank_kernel");
+  const size_t smem_scan = sizeof(int32_t) * (size_t)E;
+  if (smem_scan > 12 * 1024 &&  // + ~34 KB static
+      cudaFuncSetAttribute(route_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           (int)smem_scan) != cudaSuccess)
+    return fail("route_scan_kernel: too many experts for shared memory");
+  route_scan_kernel<<<1, dim3(32, 32), smem_scan, stream>>>(base, NB, E, pad, tpe, estart, ecount,
+                                                            total, host_total);
+  MOE_CHECK_LAUNCH("route_scan_kernel");
+  if (wait) {
+    cudaError_t e = cudaEventRecord(hs->ev[slot], stream);
+    if (e != cudaSuccess) return fail("moe_permute: event record", e);
+  }
+  const dim3 grid((unsigned)cdiv(T, kWarps));
+  if (T > 0) {
+    const int64_t sb = scales ? s_row_bytes : 0;
+#define MOE_DC(S, D) dispatch_copy<S, D>(grid, stream, x, x_row_bytes, scales, sb, idx, idx64, T, K, E, SB, lrank, base, out, out_scales, row_map)
+    switch (variant & 3) {
+      case 0: MOE_DC(false, false); break;
+      case 1: MOE_DC(true, false); break;
+      case 2: MOE_DC(false, true); break;
+      default: MOE_DC(true, true); break;
+    }
+#undef MOE_DC
+    MOE_CHECK_LAUNCH("permute_copy_kernel");
+  }
+  if (pad > 1) {
+    zero_pad_kernel<<<E, kThreads, 0, stream>>>(static_cast<uint8_t*>(out), x_row_bytes,
+                                                static_cast<uint8_t*>(out_scales),
+                                                scales ? s_row_bytes : 0, estart, ecount, tpe);
+    MOE_CHECK_LAUNCH("zero_pad_kernel");
+  }
+  if (!wait) return 0;
+  cudaError_t e = cudaEventSynchronize(hs->ev[slot]);
+  if (e != cudaSuccess) return fail("moe_permute: waiting for the row count", e);
+  return *(volatile int32_t*)host_total;
+}
+
+int moe_unpermute(const void* y, int y_dtype, const int32_t* row_map, const void* w, int w_dtype,
+                  void* out, int64_t T, int K, int64_t H, int variant, cudaStream_t stream) {
+  if (K < 1 || K > 32) return fail("moe_unpermute: need 1 <= K <= 32");
+  if (T == 0 || H == 0) return 0;
+  switch (y_dtype) {
+    case MOE_F32: return dispatch_unpermute<float>(y, row_map, w, w_dtype, out, T, K, H, variant, stream);
+    case MOE_BF16: return dispatch_unpermute<__nv_bfloat16>(y, row_map, w, w_dtype, out, T, K, H, variant, stream);
+    case MOE_F16: return dispatch_unpermute<__half>(y, row_map, w, w_dtype, out, T, K, H, variant, stream);
+  }
+  return fail("moe_unpermute: y must be float32, bfloat16 or float16");
+}
+
+int moe_sort_chunks(const void* x, int64_t rb, int64_t R, const int64_t* sizes,
+                    const int64_t* idxs, int C, void* out, cudaStream_t stream) {
+  if (R == 0 || rb == 0) return 0;
+  if (C < 1) return fail("moe_sort_chunks: need at least one chunk");
+  if (rb % 16 == 0 && aligned<uint4>(x) && aligned<uint4>(out))
+    return launch_sort_chunks<uint4>(x, rb, R, sizes, idxs, C, out, stream);
+  if (rb % 4 == 0 && aligned<uint32_t>(x) && aligned<uint32_t>(out))
+    return launch_sort_chunks<uint32_t>(x, rb, R, sizes, idxs, C, out, stream);
+  return launch_sort_chunks<uint8_t>(x, rb, R, sizes, idxs, C, out, stream);
+}
+
+}  // extern "C"

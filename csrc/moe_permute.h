@@ -1,0 +1,44 @@
+// moebench permute / unpermute / sort-chunks kernels: plain C API over raw device pointers.
+// Legend: T tokens, H hidden, K top-k, E experts, R permuted rows, C chunks.
+// Every function launches on `stream` and returns 0 (or a row count) on success, < 0 on error
+// (message in moe_last_error()). No torch dependency: the Python glue and CMake both use this.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum MoeDtype { MOE_F32 = 0, MOE_BF16 = 1, MOE_F16 = 2 };
+
+// Bytes of device workspace moe_permute needs for n_slots = T*K slots and E experts.
+size_t moe_permute_workspace_bytes(int64_t n_slots, int E);
+
+// Rows of x [T, x_row_bytes] (and scales [T, s_row_bytes], may be null) to out [R, ...] grouped by
+// expert, Megatron order (expert, then token, then k); idx [T, K] int32/int64 (idx_bytes 4/8),
+// -1 = skipped; pad > 1 pads each expert to a multiple of pad with zero rows. Writes row_map
+// [T, K] int32 and tokens_per_expert [E] int32. out must hold T*K + E*(pad-1) rows.
+// wait != 0: returns the row count R, waiting only for the index kernels (the copy stays queued).
+// wait == 0: returns 0 without waiting. variant: bit 0 = streaming (evict-first) loads/stores.
+int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int64_t s_row_bytes,
+                    const void* idx, int idx_bytes, int64_t T, int K, int E, int pad, void* out,
+                    void* out_scales, int32_t* row_map, int32_t* tokens_per_expert,
+                    void* workspace, int wait, int variant, cudaStream_t stream);
+
+// out[t] = sum_k w[t,k] * y[row_map[t,k]] (row_map >= 0), fp32 accumulation in k order.
+// y [R, H] and out [T, H] of y_dtype; w [T, K] of w_dtype.
+int moe_unpermute(const void* y, int y_dtype, const int32_t* row_map, const void* w, int w_dtype,
+                  void* out, int64_t T, int K, int64_t H, int variant, cudaStream_t stream);
+
+// Megatron sort_chunks_by_idxs: x [R, row_bytes] split into C chunks of split_sizes (int64,
+// device), concatenated in sorted_idxs order (int64, device) into out.
+int moe_sort_chunks(const void* x, int64_t row_bytes, int64_t R, const int64_t* split_sizes,
+                    const int64_t* sorted_idxs, int C, void* out, cudaStream_t stream);
+
+const char* moe_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif

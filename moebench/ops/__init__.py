@@ -1,0 +1,189 @@
+"""MoE permute / unpermute / sort-chunks as ``torch.library`` ops with torch, Triton and CUDA impls.
+
+Legend: T tokens, H hidden, K top-k, E experts, R permuted rows, S scale columns, C chunks.
+
+Why this shape:
+- One schema per op in the ``moebench`` namespace (``torch.ops.moebench.permute`` etc.); the
+  implementation is a string argument (``impl``: "torch" | "triton" | "cuda"), so a benchmark or a
+  backend can pick one per call, and ``torch.library.opcheck`` covers all of them. The ops are
+  registered with ``Library.define``/``impl`` (CPU and CUDA keys plus a fake kernel), not
+  ``@custom_op``, whose per-call overhead is several microseconds.
+- The torch implementation (``reference.py``) is the oracle and the CPU implementation.
+- ``permute`` returns rows in Megatron-Core's unfused ``permute`` order (by expert, then token
+  index; -1 slots skipped). Its row count depends on the data, so the GPU impls compute the index
+  math on the device, launch the copy into an upper-bound buffer, and only then wait for the row
+  count (the copy keeps the GPU busy meanwhile). Pass ``num_out_rows`` when the caller already
+  knows it (e.g. from the all-to-all splits): then nothing waits for the device.
+- The CUDA impl lives in ``moebench._C`` (built by setup.py, or JIT-built into a cache on first
+  GPU use); when it cannot be loaded, ``best_impl`` falls back to Triton and ``impl_status`` says why.
+"""
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from . import reference as _ref
+
+IMPLS = ("torch", "triton", "cuda")
+
+
+class Permuted(NamedTuple):
+    x_RH: Tensor                 # rows grouped by expert (Megatron order); padding rows zero-filled
+    scales_RS: Tensor | None     # fp8 payload scales permuted the same way (None for bf16)
+    row_map_TK: Tensor           # int32 [T, K]: output row of slot (t, k); -1 for masked slots
+    tokens_per_expert: Tensor    # int32 [E] on x's device (padded counts when pad_multiple > 0)
+
+
+# ---------------------------------------------------------------- implementation registry
+_status: dict[str, tuple[bool, str]] = {}
+
+
+def _check_triton() -> tuple[bool, str]:
+    try:
+        import triton  # noqa: F401
+    except Exception as e:  # pragma: no cover - depends on the environment
+        return False, f"triton not importable: {e}"
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        return False, "no CUDA device (set TRITON_INTERPRET=1 to run the Triton kernels on CPU)"
+    return True, ""
+
+
+def _check_cuda() -> tuple[bool, str]:
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    from . import cuda_impl
+    return cuda_impl.load()
+
+
+def impl_status() -> dict[str, tuple[bool, str]]:
+    """Per impl: (available, why not). May JIT-build the CUDA extension on first call."""
+    if "torch" not in _status:
+        _status["torch"] = (True, "")
+        _status["triton"] = _check_triton()
+        _status["cuda"] = _check_cuda()
+    return dict(_status)
+
+
+def best_impl(device) -> str:
+    """Fastest implementation available on ``device``: "cuda" > "triton" > "torch"; CPU -> "torch"."""
+    if torch.device(device).type != "cuda":
+        return "torch"
+    status = impl_status()
+    for name in ("cuda", "triton"):
+        if status[name][0]:
+            return name
+    return "torch"
+
+
+def _backend(impl: str, device: torch.device):
+    if impl == "auto":
+        impl = best_impl(device)
+    if impl == "torch":
+        return _ref
+    if impl == "triton":
+        ok, why = impl_status()["triton"]
+        if not ok:
+            raise RuntimeError(f"impl 'triton' unavailable: {why}")
+        from . import triton_impl
+        return triton_impl
+    if impl == "cuda":
+        if device.type != "cuda":
+            raise RuntimeError("impl 'cuda' needs CUDA tensors")
+        ok, why = impl_status()["cuda"]
+        if not ok:
+            raise RuntimeError(f"impl 'cuda' unavailable: {why}")
+        from . import cuda_impl
+        return cuda_impl
+    raise ValueError(f"unknown impl {impl!r}; known: auto, {', '.join(IMPLS)}")
+
+
+# ---------------------------------------------------------------- torch.library registration
+_lib = torch.library.Library("moebench", "FRAGMENT")
+_lib.define("permute(Tensor x, Tensor topk_idx, int num_experts, Tensor? scales, int pad_multiple, "
+            "int num_out_rows, str impl) -> (Tensor, Tensor, Tensor, Tensor)")
+_lib.define("unpermute(Tensor y, Tensor row_map, Tensor topk_w, str impl) -> Tensor")
+_lib.define("sort_chunks_by_idxs(Tensor x, Tensor split_sizes, Tensor sorted_idxs, str impl) -> Tensor")
+
+_NO_SCALES = torch.empty(0)
+
+
+def _permute_kernel(x, topk_idx, num_experts, scales, pad_multiple, num_out_rows, impl):
+    out, out_s, row_map, tpe = _backend(impl, x.device).permute(
+        x, topk_idx, num_experts, scales, pad_multiple, num_out_rows)
+    if out_s is None:
+        out_s = torch.empty(0, dtype=torch.float32, device=x.device)
+    return out, out_s, row_map, tpe
+
+
+def _unpermute_kernel(y, row_map, topk_w, impl):
+    return _backend(impl, y.device).unpermute(y, row_map, topk_w)
+
+
+def _sort_chunks_kernel(x, split_sizes, sorted_idxs, impl):
+    return _backend(impl, x.device).sort_chunks_by_idxs(x, split_sizes, sorted_idxs)
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("permute", _permute_kernel, _key)
+    _lib.impl("unpermute", _unpermute_kernel, _key)
+    _lib.impl("sort_chunks_by_idxs", _sort_chunks_kernel, _key)
+
+
+@torch.library.register_fake("moebench::permute", lib=_lib)
+def _permute_fake(x, topk_idx, num_experts, scales, pad_multiple, num_out_rows, impl):
+    R = num_out_rows if num_out_rows >= 0 else torch.library.get_ctx().new_dynamic_size()
+    out = x.new_empty((R, x.shape[1]))
+    out_s = (scales.new_empty((R, scales.shape[1])) if scales is not None
+             else x.new_empty((0,), dtype=torch.float32))
+    row_map = topk_idx.new_empty(topk_idx.shape, dtype=torch.int32)
+    tpe = x.new_empty((num_experts,), dtype=torch.int32)
+    return out, out_s, row_map, tpe
+
+
+@torch.library.register_fake("moebench::unpermute", lib=_lib)
+def _unpermute_fake(y, row_map, topk_w, impl):
+    return y.new_empty((row_map.shape[0], y.shape[1]))
+
+
+@torch.library.register_fake("moebench::sort_chunks_by_idxs", lib=_lib)
+def _sort_chunks_fake(x, split_sizes, sorted_idxs, impl):
+    return torch.empty_like(x)
+
+
+# ---------------------------------------------------------------- public API
+def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, *, scales_TS: Tensor | None = None,
+            pad_multiple: int = 0, impl: str = "auto", num_out_rows: int | None = None) -> Permuted:
+    """Group token rows by expert (Megatron order). ``num_out_rows``: the caller's known row count
+    (padded count when pad_multiple > 0); skips the wait for the device to count rows."""
+    if x_TH.dim() != 2 or topk_idx_TK.dim() != 2 or x_TH.shape[0] != topk_idx_TK.shape[0]:
+        raise ValueError(f"want x [T, H] and topk_idx [T, K]; got {tuple(x_TH.shape)}, "
+                         f"{tuple(topk_idx_TK.shape)}")
+    if scales_TS is not None and scales_TS.shape[0] != x_TH.shape[0]:
+        raise ValueError("scales_TS must have one row per token")
+    out, out_s, row_map, tpe = torch.ops.moebench.permute(
+        x_TH, topk_idx_TK, int(num_experts), scales_TS, int(pad_multiple),
+        -1 if num_out_rows is None else int(num_out_rows), impl)
+    return Permuted(out, out_s if scales_TS is not None else None, row_map, tpe)
+
+
+def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor, *, impl: str = "auto") -> Tensor:
+    """out[t] = sum_k w[t,k] * y[row_map[t,k]] over row_map >= 0, fp32 accumulation, y's dtype."""
+    if row_map_TK.shape != topk_w_TK.shape:
+        raise ValueError(f"row_map {tuple(row_map_TK.shape)} and topk_w {tuple(topk_w_TK.shape)} differ")
+    return torch.ops.moebench.unpermute(y_RH, row_map_TK, topk_w_TK, impl)
+
+
+def sort_chunks_by_idxs(x_RH: Tensor, split_sizes, sorted_idxs, *, impl: str = "auto") -> Tensor:
+    """Megatron semantics: split x into chunks of split_sizes, concatenate them in sorted_idxs order.
+    split_sizes / sorted_idxs: int tensors (any device) or lists; sum(split_sizes) must be R."""
+    dev = x_RH.device
+    split_sizes = torch.as_tensor(split_sizes, dtype=torch.int64).to(dev, non_blocking=True)
+    sorted_idxs = torch.as_tensor(sorted_idxs, dtype=torch.int64).to(dev, non_blocking=True)
+    return torch.ops.moebench.sort_chunks_by_idxs(x_RH, split_sizes, sorted_idxs, impl)
+
+
+__all__ = ["Permuted", "permute", "unpermute", "sort_chunks_by_idxs", "best_impl", "impl_status",
+           "IMPLS"]

@@ -1,0 +1,159 @@
+"""CUDA implementation: glue over ``moebench._C`` (csrc/moe_permute.cu + csrc/bindings.cpp).
+
+The extension takes raw device pointers (bindings need only pybind11, so a JIT build takes
+seconds, not the minute torch's C++ headers cost); this module owns the tensors. Loading order:
+``moebench._C`` built by setup.py, else a JIT build with torch.utils.cpp_extension into
+``$MOEBENCH_EXT_DIR`` (default ~/.cache/moebench/ext), else unavailable with the reason.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+_C = None
+_why = "not loaded yet"
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
+SOURCES = ("moe_permute.cu", "bindings.cpp")
+VARIANT_PERMUTE = int(os.environ.get("MOEBENCH_CUDA_PERMUTE_VARIANT", "0"))
+VARIANT_UNPERMUTE = int(os.environ.get("MOEBENCH_CUDA_UNPERMUTE_VARIANT", "0"))
+_DTYPE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _jit_build():
+    from torch.utils import cpp_extension
+    if torch.version.cuda is None:
+        raise RuntimeError("torch has no CUDA")
+    nvcc = shutil.which("nvcc") or (os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
+                                    if cpp_extension.CUDA_HOME else None)
+    if not nvcc or not os.path.exists(nvcc):
+        raise RuntimeError("nvcc not found (set CUDA_HOME or PATH)")
+    srcs = [CSRC / s for s in SOURCES]
+    missing = [str(s) for s in srcs if not s.exists()]
+    if missing:
+        raise RuntimeError(f"sources missing: {missing}")
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"{major}{minor}" + ("a" if major == 9 else "")
+    h = hashlib.sha1()
+    for s in srcs + [CSRC / "moe_permute.h"]:
+        h.update(s.read_bytes())
+    h.update(f"{torch.__version__}-{arch}".encode())
+    build_dir = Path(os.environ.get("MOEBENCH_EXT_DIR", Path.home() / ".cache/moebench/ext"))
+    build_dir = build_dir / h.hexdigest()[:16]
+    build_dir.mkdir(parents=True, exist_ok=True)
+    old = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}" + ("a" if major == 9 else "")
+    try:
+        return cpp_extension.load(
+            name="moebench_C", sources=[str(s) for s in srcs], build_directory=str(build_dir),
+            extra_cflags=["-O3"], extra_include_paths=[str(CSRC)],
+            extra_cuda_cflags=["-O3", "-std=c++17"],
+            verbose=os.environ.get("MOEBENCH_EXT_VERBOSE") == "1")
+    finally:
+        if old is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = old
+
+
+def load() -> tuple[bool, str]:
+    """Import or JIT-build the extension once; (available, why not)."""
+    global _C, _why
+    if _C is not None:
+        return True, ""
+    if _why != "not loaded yet":
+        return False, _why
+    errors = []
+    try:
+        from moebench import _C as mod  # built by setup.py
+        _C = mod
+        return True, ""
+    except ImportError as e:
+        errors.append(f"moebench._C not built ({e})")
+    if os.environ.get("MOEBENCH_JIT", "1") == "0":
+        errors.append("JIT disabled by MOEBENCH_JIT=0")
+    else:
+        try:
+            _C = _jit_build()
+            return True, ""
+        except Exception as e:  # noqa: BLE001 - any build failure means "unavailable, here is why"
+            errors.append(f"JIT build failed: {str(e).strip().splitlines()[-1] if str(e).strip() else e!r}")
+    _why = "; ".join(errors)
+    return False, _why
+
+
+def _stream() -> int:
+    return torch.cuda.current_stream().cuda_stream
+
+
+def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tensor | None,
+            pad_multiple: int, num_out_rows: int = -1):
+    T, K = topk_idx_TK.shape
+    E = int(num_experts)
+    if K > 32 or E > 4096 or K == 0 or E == 0:
+        from . import triton_impl  # outside the CUDA kernels' limits
+        return triton_impl.permute(x_TH, topk_idx_TK, E, scales_TS, pad_multiple, num_out_rows)
+    x = x_TH.contiguous()
+    idx = topk_idx_TK.contiguous()
+    if idx.dtype not in (torch.int32, torch.int64):
+        idx = idx.long()
+    dev = x.device
+    pad = pad_multiple if pad_multiple > 1 else 0
+    r_max = T * K + E * max(pad - 1, 0)
+    out = torch.empty((r_max, x.shape[1]), dtype=x.dtype, device=dev)
+    s = out_s = None
+    if scales_TS is not None:
+        s = scales_TS.contiguous()
+        out_s = torch.empty((r_max, s.shape[1]), dtype=s.dtype, device=dev)
+    row_map = torch.empty((T, K), dtype=torch.int32, device=dev)
+    tpe = torch.empty(E, dtype=torch.int32, device=dev)
+    ws = torch.empty(_C.workspace_bytes(T * K, E), dtype=torch.uint8, device=dev)
+    wait = 1 if num_out_rows < 0 else 0
+    R = _C.permute(x.data_ptr(), x.shape[1] * x.element_size(),
+                   s.data_ptr() if s is not None else 0,
+                   s.shape[1] * s.element_size() if s is not None else 0,
+                   idx.data_ptr(), idx.element_size(), T, K, E, pad, out.data_ptr(),
+                   out_s.data_ptr() if out_s is not None else 0, row_map.data_ptr(), tpe.data_ptr(),
+                   ws.data_ptr(), wait, VARIANT_PERMUTE, _stream())
+    if not wait:
+        R = int(num_out_rows)
+    return out[:R], (out_s[:R] if out_s is not None else None), row_map, tpe
+
+
+def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor) -> Tensor:
+    T, K = row_map_TK.shape
+    y = y_RH.contiguous()
+    H = y.shape[1]
+    if y.dtype not in _DTYPE or K > 32:
+        from . import triton_impl
+        return triton_impl.unpermute(y_RH, row_map_TK, topk_w_TK)
+    w = topk_w_TK.contiguous()
+    if w.dtype not in _DTYPE:
+        w = w.float()
+    rm = row_map_TK.contiguous().to(torch.int32)
+    out = torch.empty((T, H), dtype=y.dtype, device=y.device)
+    if y.shape[0] == 0:
+        return out.zero_()
+    _C.unpermute(y.data_ptr(), _DTYPE[y.dtype], rm.data_ptr(), w.data_ptr(), _DTYPE[w.dtype],
+                 out.data_ptr(), T, K, H, VARIANT_UNPERMUTE, _stream())
+    return out
+
+
+def sort_chunks_by_idxs(x_RH: Tensor, split_sizes_C: Tensor, sorted_idxs_C: Tensor) -> Tensor:
+    x = x_RH.contiguous()
+    out = torch.empty_like(x)
+    C = split_sizes_C.numel()
+    if C > 2048:
+        from . import triton_impl
+        return triton_impl.sort_chunks_by_idxs(x_RH, split_sizes_C, sorted_idxs_C)
+    sizes = split_sizes_C.to(torch.int64).contiguous()
+    idxs = sorted_idxs_C.to(torch.int64).contiguous()
+    if x.shape[0] == 0 or C == 0:
+        return out
+    _C.sort_chunks(x.data_ptr(), x.shape[1] * x.element_size(), x.shape[0], sizes.data_ptr(),
+                   idxs.data_ptr(), C, out.data_ptr(), _stream())
+    return out

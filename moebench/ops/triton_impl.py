@@ -1,0 +1,327 @@
+"""Triton implementation of permute / unpermute / sort_chunks_by_idxs.
+
+Permute runs in three launches, no host sync before the copy:
+1. ``_route_rank``: slots split in blocks of SB; per block, a sort of (expert, slot) keys gives
+   each slot its stable rank among the block's slots of the same expert, and a histogram the
+   block's per-expert counts.
+2. ``_route_scan``: one program turns the [NB, E] counts into each block's first row per expert
+   (expert starts padded to ``pad_multiple``), tokens per expert, and the row count.
+3. ``_permute_copy``: one program per token reads its row once and stores it to its K rows
+   (row = block base + rank), writing row_map on the way; fp8 scales ride along.
+Payload rows are copied as raw words (int32 when the row is a multiple of 4 bytes), so bf16 and
+fp8 share one kernel.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+
+def _interpreter_numpy_shim() -> None:
+    """Triton 3.6's interpreter holds scalars as 1-element arrays and converts them with
+    ``int(array)``, which numpy >= 2.4 refuses ("only 0-dimensional arrays ..."), so any loop with
+    a run-time bound fails under TRITON_INTERPRET=1. Convert with ``.item()`` instead."""
+    from triton.runtime import interpreter as itp
+    orig = getattr(itp, "_patch_lang_tensor", None)
+    if orig is None or getattr(orig, "_moebench_shim", False):
+        return
+
+    def patched(tensor, scope):
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._moebench_shim = True
+    itp._patch_lang_tensor = patched
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _interpreter_numpy_shim()
+
+# Tunables (per-kernel block sizes); env overrides exist for the benchmark's sweeps.
+COPY_BH = int(os.environ.get("MOEBENCH_TRITON_COPY_BH", "1024"))     # words per chunk (permute)
+COPY_WARPS = int(os.environ.get("MOEBENCH_TRITON_COPY_WARPS", "4"))
+UNPERM_BH = int(os.environ.get("MOEBENCH_TRITON_UNPERM_BH", "1024"))  # elements per chunk
+UNPERM_WARPS = int(os.environ.get("MOEBENCH_TRITON_UNPERM_WARPS", "4"))
+
+
+@triton.jit
+def _route_rank(idx_ptr, n_slots, E, lrank_ptr, counts_ptr, SB: tl.constexpr, EP: tl.constexpr):
+    b = tl.program_id(0)
+    i = tl.arange(0, SB)
+    s = b * SB + i
+    e = tl.load(idx_ptr + s, mask=s < n_slots, other=-1).to(tl.int32)
+    e = tl.where((e >= 0) & (e < E), e, E)                       # E = masked bucket
+    hist = tl.histogram(e, EP)
+    first = tl.cumsum(hist, 0) - hist
+    sk = tl.sort(e * SB + i)
+    se = sk // SB
+    ss = sk % SB
+    rank = i - tl.gather(first, se, 0)
+    tl.store(lrank_ptr + b * SB + ss, rank, mask=se < E)
+    eo = tl.arange(0, EP)
+    tl.store(counts_ptr + b * E + eo, hist, mask=eo < E)
+
+
+@triton.jit
+def _route_scan(counts_ptr, NB, E, pad, tpe_ptr, estart_ptr, ecount_ptr, total_ptr,
+                BB: tl.constexpr, EB: tl.constexpr):
+    """counts [NB, E] -> in place, each block's first output row per expert."""
+    carry = tl.sum(tl.zeros([EB], tl.int32), 0)
+    for e0 in range(0, E, EB):
+        eo = e0 + tl.arange(0, EB)
+        me = eo < E
+        tot = tl.zeros([EB], tl.int32)
+        for b0 in range(0, NB, BB):
+            bo = b0 + tl.arange(0, BB)
+            c = tl.load(counts_ptr + bo[:, None] * E + eo[None, :],
+                        mask=(bo[:, None] < NB) & me[None, :], other=0)
+            tot += tl.sum(c, 0)
+        padded = tot
+        if pad > 0:
+            padded = (tot + pad - 1) // pad * pad
+        start = carry + tl.cumsum(padded, 0) - padded
+        tl.store(tpe_ptr + eo, padded, mask=me)
+        tl.store(estart_ptr + eo, start, mask=me)
+        tl.store(ecount_ptr + eo, tot, mask=me)
+        run = start
+        for b0 in range(0, NB, BB):
+            bo = b0 + tl.arange(0, BB)
+            m = (bo[:, None] < NB) & me[None, :]
+            ptr = counts_ptr + bo[:, None] * E + eo[None, :]
+            c = tl.load(ptr, mask=m, other=0)
+            incl = tl.cumsum(c, 0)
+            tl.store(ptr, run[None, :] + incl - c, mask=m)
+            run += tl.sum(c, 0)
+        carry += tl.sum(padded, 0)
+    tl.store(total_ptr, carry)
+
+
+@triton.jit
+def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr, row_map_ptr,
+                  T, W, WS, E, SB, K: tl.constexpr, KP: tl.constexpr, BH: tl.constexpr,
+                  HAS_S: tl.constexpr, BS: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    ks = tl.arange(0, KP)
+    mk = ks < K
+    s = t * K + ks
+    e = tl.load(idx_ptr + s, mask=mk, other=-1).to(tl.int32)
+    ok = mk & (e >= 0) & (e < E)
+    row = (tl.load(base_ptr + (s // SB) * E + e, mask=ok, other=0)
+           + tl.load(lrank_ptr + s, mask=ok, other=0))
+    tl.store(row_map_ptr + s, tl.where(ok, row, -1), mask=mk)
+    row64 = row.to(tl.int64)
+    for h0 in range(0, W, BH):
+        h = h0 + tl.arange(0, BH)
+        mh = h < W
+        v = tl.load(x_ptr + t * W + h, mask=mh)
+        tl.store(out_ptr + row64[:, None] * W + h[None, :], tl.broadcast_to(v[None, :], (KP, BH)),
+                 mask=ok[:, None] & mh[None, :])
+    if HAS_S:
+        hs = tl.arange(0, BS)
+        ms = hs < WS
+        v = tl.load(s_ptr + t * WS + hs, mask=ms)
+        tl.store(outs_ptr + row64[:, None] * WS + hs[None, :], tl.broadcast_to(v[None, :], (KP, BS)),
+                 mask=ok[:, None] & ms[None, :])
+
+
+@triton.jit
+def _zero_pad(out_ptr, outs_ptr, estart_ptr, ecount_ptr, tpe_ptr, W, WS, BH: tl.constexpr,
+              HAS_S: tl.constexpr, BS: tl.constexpr):
+    e = tl.program_id(0)
+    r0 = (tl.load(estart_ptr + e) + tl.load(ecount_ptr + e)).to(tl.int64)
+    n_pad = tl.load(tpe_ptr + e) - tl.load(ecount_ptr + e)
+    for i in range(0, n_pad):
+        r = r0 + i
+        for h0 in range(0, W, BH):
+            h = h0 + tl.arange(0, BH)
+            tl.store(out_ptr + r * W + h, tl.zeros([BH], out_ptr.dtype.element_ty),
+                     mask=h < W)
+        if HAS_S:
+            hs = tl.arange(0, BS)
+            tl.store(outs_ptr + r * WS + hs, tl.zeros([BS], outs_ptr.dtype.element_ty),
+                     mask=hs < WS)
+
+
+@triton.jit
+def _unpermute(y_ptr, row_map_ptr, w_ptr, out_ptr, H, K: tl.constexpr, KP: tl.constexpr,
+               BH: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    ks = tl.arange(0, KP)
+    mk = ks < K
+    r = tl.load(row_map_ptr + t * K + ks, mask=mk, other=-1)
+    ok = r >= 0
+    w = tl.where(ok, tl.load(w_ptr + t * K + ks, mask=mk, other=0).to(tl.float32), 0.0)
+    r64 = tl.where(ok, r, 0).to(tl.int64)
+    for h0 in range(0, H, BH):
+        h = h0 + tl.arange(0, BH)
+        mh = h < H
+        v = tl.load(y_ptr + r64[:, None] * H + h[None, :], mask=ok[:, None] & mh[None, :], other=0.0)
+        acc = tl.sum(v.to(tl.float32) * w[:, None], 0)
+        tl.store(out_ptr + t * H + h, acc.to(out_ptr.dtype.element_ty), mask=mh)
+
+
+@triton.jit
+def _sort_chunks(x_ptr, out_ptr, sizes_ptr, idxs_ptr, R, W, C, CP: tl.constexpr, BR: tl.constexpr,
+                 BH: tl.constexpr):
+    c = tl.arange(0, CP)
+    mc = c < C
+    sizes = tl.load(sizes_ptr + c, mask=mc, other=0)
+    in_start = tl.cumsum(sizes, 0) - sizes
+    order = tl.load(idxs_ptr + c, mask=mc, other=0)
+    out_sizes = tl.load(sizes_ptr + order, mask=mc, other=0)
+    out_start = tl.cumsum(out_sizes, 0) - out_sizes
+    src_start = tl.gather(in_start, order.to(tl.int32), 0)
+    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    mr = r < R
+    j = tl.sum(((out_start[None, :] <= r[:, None]) & mc[None, :]).to(tl.int32), 1) - 1
+    j = tl.maximum(j, 0)
+    src = tl.gather(src_start, j, 0) + r - tl.gather(out_start, j, 0)
+    for h0 in range(0, W, BH):
+        h = h0 + tl.arange(0, BH)
+        m = mr[:, None] & (h[None, :] < W)
+        v = tl.load(x_ptr + src[:, None] * W + h[None, :], mask=m)
+        tl.store(out_ptr + r[:, None] * W + h[None, :], v, mask=m)
+
+
+# ---------------------------------------------------------------- host side
+def _words(t: Tensor) -> Tensor:
+    """View a contiguous [N, C] tensor as [N, W] raw words (int32 when the row allows)."""
+    b = t.contiguous().view(torch.uint8)
+    for dt, size in ((torch.int32, 4), (torch.int16, 2)):
+        if b.shape[1] % size == 0:
+            return b.view(dt)
+    return b
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _slot_block(n_slots: int) -> int:
+    return min(4096, max(256, _pow2(triton.cdiv(n_slots, 128))))
+
+
+def route(topk_idx_TK: Tensor, num_experts: int, pad_multiple: int):
+    """Launch index kernels. Returns (lrank, base [NB*E], tpe, estart, ecount, total, SB)."""
+    n = topk_idx_TK.numel()
+    E = num_experts
+    dev = topk_idx_TK.device
+    SB = _slot_block(n)
+    NB = triton.cdiv(n, SB)
+    lrank = torch.empty(n, dtype=torch.int32, device=dev)
+    ws = torch.empty(NB * E + 2 * E + 1, dtype=torch.int32, device=dev)
+    tpe = torch.empty(E, dtype=torch.int32, device=dev)  # own storage: it is returned
+    base = ws[: NB * E]
+    estart, ecount, total = ws[NB * E: NB * E + E], ws[NB * E + E: NB * E + 2 * E], ws[-1:]
+    _route_rank[(NB,)](topk_idx_TK, n, E, lrank, base, SB=SB, EP=_pow2(E + 1), num_warps=4)
+    BB = min(_pow2(NB), 128)
+    EB = min(_pow2(E), max(16, 32768 // BB))
+    _route_scan[(1,)](base, NB, E, pad_multiple, tpe, estart, ecount, total, BB=BB, EB=EB,
+                      num_warps=16)
+    return lrank, base, tpe, estart, ecount, total, SB
+
+
+class _RowCount:
+    """Copy the device row count into a slot of a pinned host ring on a side stream, so the
+    caller can wait for it while the copy kernel, launched after this, keeps the GPU busy.
+    Ring, events and stream are made once per device: per-call pinned allocations and event
+    creation cost more host time than the kernels at small shapes."""
+
+    SLOTS = 64
+    _rings: dict = {}
+
+    def __init__(self, total: Tensor):
+        self.total = total
+        if total.device.type != "cuda":
+            return
+        dev = total.device
+        if dev not in self._rings:
+            self._rings[dev] = dict(host=torch.zeros(self.SLOTS, dtype=torch.int32, pin_memory=True),
+                                    events=[torch.cuda.Event() for _ in range(self.SLOTS)],
+                                    stream=torch.cuda.Stream(dev), next=0)
+        ring = self._rings[dev]
+        self.slot = ring["next"] % self.SLOTS
+        ring["next"] += 1
+        self.host, self.event, side = ring["host"], ring["events"][self.slot], ring["stream"]
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            self.host[self.slot].copy_(total[0], non_blocking=True)
+            self.event.record(side)
+        total.record_stream(side)
+
+    def get(self) -> int:
+        if self.total.device.type != "cuda":
+            return int(self.total.item())
+        self.event.synchronize()
+        return int(self.host[self.slot])
+
+
+def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tensor | None,
+            pad_multiple: int, num_out_rows: int = -1):
+    T, K = topk_idx_TK.shape
+    H = x_TH.shape[1]
+    E = int(num_experts)
+    dev = x_TH.device
+    idx = topk_idx_TK.contiguous()
+    r_max = T * K + (E * (pad_multiple - 1) if pad_multiple > 0 else 0)
+    out = torch.empty((r_max, H), dtype=x_TH.dtype, device=dev)
+    out_s = None
+    if scales_TS is not None:
+        out_s = torch.empty((r_max, scales_TS.shape[1]), dtype=scales_TS.dtype, device=dev)
+    row_map = torch.empty((T, K), dtype=torch.int32, device=dev)
+    if T * K == 0 or E == 0:
+        row_map.fill_(-1)
+        tpe = torch.zeros(E, dtype=torch.int32, device=dev)
+        return out[:0], (out_s[:0] if out_s is not None else None), row_map, tpe
+    lrank, base, tpe, estart, ecount, total, SB = route(idx, E, pad_multiple)
+    count = _RowCount(total) if num_out_rows < 0 else None
+    xw, ow = _words(x_TH), _words(out)
+    W = xw.shape[1]
+    has_s = scales_TS is not None
+    sw = _words(scales_TS) if has_s else xw
+    osw = _words(out_s) if has_s else ow
+    WS = sw.shape[1] if has_s else 0
+    BS = _pow2(max(WS, 16))
+    BH = min(COPY_BH, _pow2(W))
+    _permute_copy[(T,)](xw, sw, ow, osw, idx, lrank, base, row_map, T, W, WS, E, SB, K=K,
+                        KP=_pow2(K), BH=BH, HAS_S=has_s, BS=BS, num_warps=COPY_WARPS)
+    if pad_multiple > 1:
+        _zero_pad[(E,)](ow, osw, estart, ecount, tpe, W, WS, BH=BH, HAS_S=has_s, BS=BS,
+                        num_warps=4)
+    R = count.get() if count is not None else int(num_out_rows)
+    return out[:R], (out_s[:R] if has_s else None), row_map, tpe
+
+
+def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor) -> Tensor:
+    T, K = row_map_TK.shape
+    H = y_RH.shape[1]
+    y = y_RH.contiguous()
+    out = torch.empty((T, H), dtype=y.dtype, device=y.device)
+    if T == 0 or H == 0:
+        return out
+    if y.shape[0] == 0:
+        return out.zero_()
+    BH = min(UNPERM_BH, _pow2(H))
+    _unpermute[(T,)](y, row_map_TK.contiguous(), topk_w_TK.contiguous(), out, H, K=K,
+                     KP=_pow2(K), BH=BH, num_warps=UNPERM_WARPS)
+    return out
+
+
+def sort_chunks_by_idxs(x_RH: Tensor, split_sizes_C: Tensor, sorted_idxs_C: Tensor) -> Tensor:
+    R = x_RH.shape[0]
+    out = torch.empty_like(x_RH)
+    C = split_sizes_C.numel()
+    if R == 0 or x_RH.shape[1] == 0 or C == 0:
+        return out
+    xw, ow = _words(x_RH), _words(out)
+    W = xw.shape[1]
+    CP = _pow2(C)
+    BR = max(1, min(16, 4096 // CP))
+    BH = min(max(16, 4096 // BR), _pow2(W))
+    _sort_chunks[(triton.cdiv(R, BR),)](xw, ow, split_sizes_C.contiguous(), sorted_idxs_C.contiguous(),
+                                        R, W, C, CP=CP, BR=BR, BH=BH, num_warps=4)
+    return out

@@ -1,0 +1,375 @@
+"""python -m moebench.permute: local permute / unpermute kernels against baselines.
+
+Per shape (T x H x K x E) and implementation (torch, triton, cuda, megatron = megatron-core's
+unfused moe_utils path, te = Transformer Engine) it checks the result against the torch oracle,
+then times the call as a user makes it (index math, host wait for the row count and all) with
+CUDA events, the L2 flushed by a read of a buffer larger than L2 before every iteration, median
+of --iters. Effective GB/s counts unique bytes: permute reads T*H and writes R*H (R = routed
+slots, T*K without masked slots), unpermute the reverse; fp8 adds the scales. The device-to-
+device copy bandwidth (read + write) is measured in the same run and every row reports its
+fraction. Tuning knobs for sweeps: ``cuda@V`` (variant bits, see csrc/moe_permute.h) and
+``triton@COPY_BH:COPY_WARPS:UNPERM_BH:UNPERM_WARPS``.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+import moebench.ops as ops
+from moebench import results
+
+DEFAULT_SHAPES = "4096x7168x8x256,16384x7168x8x256,8192x2048x8x128,8192x4096x8x128"
+CPU_SHAPES = "64x128x4x8"
+IMPLS = ("torch", "triton", "cuda", "megatron", "te")
+OPS = ("permute", "unpermute")
+
+
+class UsageError(ValueError):
+    pass
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
+    shapes = []
+    for item in filter(None, text.split(",")):
+        parts = item.lower().split("x")
+        if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise UsageError(f"--shapes: {item!r} is not TxHxKxE with positive integers")
+        T, H, K, E = map(int, parts)
+        if K > E:
+            raise UsageError(f"--shapes: {item!r} has top-k {K} > experts {E}")
+        shapes.append((T, H, K, E))
+    if not shapes:
+        raise UsageError("--shapes: no shapes given")
+    return shapes
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m moebench.permute", description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", default=None, help=f"TxHxKxE,... (default {DEFAULT_SHAPES}; CPU {CPU_SHAPES})")
+    p.add_argument("--impl", default=",".join(IMPLS), help="comma list of " + ", ".join(IMPLS))
+    p.add_argument("--ops", default=",".join(OPS), help="comma list of permute, unpermute")
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="permute payload")
+    p.add_argument("--out", default=None, help="JSONL output path")
+    p.add_argument("--plot", default=None, help="PNG: GB/s per impl and shape with the copy line")
+    p.add_argument("--no-flush", action="store_true", help="do not flush L2 between iterations")
+    p.add_argument("--profile", action="store_true", help="also record per-kernel times (profiler)")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    if a.iters < 1:
+        raise UsageError("--iters must be >= 1")
+    impls = [s for s in a.impl.split(",") if s]
+    for s in impls:
+        if s.split("@")[0] not in IMPLS:
+            raise UsageError(f"--impl: unknown {s!r}; known: {', '.join(IMPLS)}")
+    a.impl_list = impls
+    a.op_list = [s for s in a.ops.split(",") if s]
+    for s in a.op_list:
+        if s not in OPS:
+            raise UsageError(f"--ops: unknown {s!r}; known: {', '.join(OPS)}")
+    return a
+
+
+# ---------------------------------------------------------------- timing
+class Bench:
+    def __init__(self, device, iters, flush):
+        self.device, self.iters = device, iters
+        self.cuda = device.type == "cuda"
+        self.flush = None
+        if self.cuda and flush:
+            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
+            self.flush = torch.empty(max(4 * l2, 256 << 20) // 4, dtype=torch.float32, device=device)
+            self.flush.normal_()
+
+    def host_us(self, fn, n=10) -> float:
+        """Median host time of one call, device idle before it (launches + any host wait)."""
+        out = []
+        for _ in range(n):
+            if self.cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(out)
+
+    def time(self, fn) -> list[float]:
+        """Per-iteration microseconds: CUDA events (GPU) or perf_counter (CPU)."""
+        for _ in range(3):
+            fn()
+        if not self.cuda:
+            out = []
+            for _ in range(self.iters):
+                t0 = time.perf_counter()
+                fn()
+                out.append((time.perf_counter() - t0) * 1e6)
+            return out
+        torch.cuda.synchronize()
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(self.iters)]
+        for s, e in ev:
+            if self.flush is not None:
+                self.flush.amax()  # read-only flush: leaves no dirty lines to write back
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) * 1e3 for s, e in ev]
+
+    def bandwidths(self) -> dict:
+        """GB/s of a D2D copy (read + write counted), a write-only fill and a read-only max."""
+        n = (1 << 30) if self.cuda else (64 << 20)
+        src = torch.empty(n // 4, dtype=torch.float32, device=self.device).normal_()
+        dst = torch.empty_like(src)
+        med = lambda fn: statistics.median(self.time(fn))  # noqa: E731
+        return dict(copy_GBps=2 * n / med(lambda: dst.copy_(src)) / 1e3,
+                    write_GBps=n / med(lambda: dst.fill_(1.0)) / 1e3,
+                    read_GBps=n / med(lambda: src.amax()) / 1e3)
+
+
+def kernel_profile(fn, n=5) -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        dev_us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if dev_us and ev.count:
+            rows.append({"kernel": ev.key[:80], "calls_per_iter": ev.count / n,
+                         "us_per_iter": dev_us / n})
+    return sorted(rows, key=lambda r: -r["us_per_iter"])[:8]
+
+
+# ---------------------------------------------------------------- implementations
+def _megatron():
+    from megatron.core.transformer.moe import moe_utils
+    return moe_utils
+
+
+def set_knobs(spec: str):
+    """Apply 'cuda@V' / 'triton@a:b:c:d' tuning knobs; return the base impl name."""
+    name, _, knob = spec.partition("@")
+    if name == "cuda":
+        from moebench.ops import cuda_impl
+        cuda_impl.VARIANT_PERMUTE = cuda_impl.VARIANT_UNPERMUTE = int(knob or 0)
+    elif name == "triton":
+        from moebench.ops import triton_impl
+        vals = [int(v) for v in knob.split(":")] if knob else [1024, 4, 1024, 4]
+        (triton_impl.COPY_BH, triton_impl.COPY_WARPS,
+         triton_impl.UNPERM_BH, triton_impl.UNPERM_WARPS) = (vals + [1024, 4, 1024, 4][len(vals):])[:4]
+    return name
+
+
+def make_case(T, H, K, E, dtype, device, seed):
+    g = torch.Generator(device=device).manual_seed(seed)
+    idx = torch.topk(torch.rand(T, E, device=device, generator=g), K, dim=1).indices
+    x = torch.randn(T, H, device=device, generator=g)
+    scales = None
+    if dtype == "fp8":
+        x, scales = x.to(torch.float8_e4m3fn), torch.rand(T, max(1, H // 128), device=device, generator=g)
+    else:
+        x = x.bfloat16()
+    w = torch.rand(T, K, device=device, generator=g)
+    routing_map = torch.zeros(T, E, dtype=torch.bool, device=device).scatter_(1, idx, True)
+    probs = torch.zeros(T, E, device=device).scatter_(1, idx, w)
+    return dict(x=x, scales=scales, idx=idx, w=w, routing_map=routing_map, probs=probs)
+
+
+def op_fns(name, case, ref, E):
+    """(permute_fn, unpermute_fn, check) for one impl; check() -> error string or ''."""
+    x, s, idx, w = case["x"], case["scales"], case["idx"], case["w"]
+    y = ref["y"]
+    if name in ("torch", "triton", "cuda"):
+        perm = lambda: ops.permute(x, idx, E, scales_TS=s, impl=name)  # noqa: E731
+        unperm = lambda: ops.unpermute(y, ref["perm"].row_map_TK, w, impl=name)  # noqa: E731
+
+        def check():
+            p = perm()
+            if not (torch.equal(p.row_map_TK, ref["perm"].row_map_TK)
+                    and torch.equal(p.x_RH.view(torch.uint8), ref["perm"].x_RH.view(torch.uint8))):
+                return "permute differs from the torch reference"
+            return _close(unperm(), ref["unperm"])
+        return perm, unperm, check
+    if name == "megatron":
+        mu = _megatron()
+        rm, probs = case["routing_map"], case["probs"]
+        n_out = int(ref["perm"].x_RH.shape[0])  # >= 0.17 requires it (argsort path, no sync)
+        sorted_idx = mu.permute(x, rm, num_out_tokens=n_out)[2]
+        perm = lambda: mu.permute(x, rm, num_out_tokens=n_out)  # noqa: E731
+        unperm = lambda: mu.unpermute(y, sorted_idx, (x.shape[0], y.shape[1]), probs=probs,  # noqa: E731
+                                      routing_map=rm)
+
+        def check():
+            if not torch.equal(perm()[0].view(torch.uint8), ref["perm"].x_RH.view(torch.uint8)):
+                return "megatron permute order differs from the torch reference"
+            return _close(unperm(), ref["unperm"])
+        return perm, unperm, check
+    if name == "te":
+        import transformer_engine.pytorch as te
+        rm, probs = case["routing_map"], case["probs"]
+        n_out = int(ref["perm"].x_RH.shape[0])
+        row_id_map = te.moe_permute(x, rm.int(), num_out_tokens=n_out, map_type="mask")[1]
+        perm = lambda: te.moe_permute(x, rm.int(), num_out_tokens=n_out, map_type="mask")  # noqa: E731
+        unperm = lambda: te.moe_unpermute(y, row_id_map, merging_probs=probs,  # noqa: E731
+                                          restore_shape=(x.shape[0], y.shape[1]), map_type="mask")
+
+        def check():
+            return _close(unperm(), ref["unperm"])
+        return perm, unperm, check
+    raise UsageError(f"unknown impl {name}")
+
+
+def _close(got, want) -> str:
+    try:
+        torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1e-2)
+        return ""
+    except AssertionError as e:
+        return "unpermute: " + str(e).splitlines()[0]
+
+
+def available(name) -> tuple[bool, str]:
+    if name in ops.IMPLS:
+        return ops.impl_status()[name]
+    try:
+        _megatron() if name == "megatron" else __import__("transformer_engine.pytorch")
+        return True, ""
+    except Exception as e:  # noqa: BLE001 - missing or broken optional package -> WAIVED
+        return False, f"{type(e).__name__}: {e}"
+
+
+# ---------------------------------------------------------------- main loop
+def unique_bytes(op, T, H, R, case):
+    xb = case["x"].element_size() if op == "permute" else 2
+    s = case["scales"]
+    sb = (s.shape[1] * s.element_size()) if (s is not None and op == "permute") else 0
+    return (T + R) * (H * xb + sb)
+
+
+def run_shape(shape, a, bench, copy_GBps, device, prov, cmd):
+    T, H, K, E = shape
+    case = make_case(T, H, K, E, a.dtype, device, a.seed)
+    ref_perm = ops.permute(case["x"], case["idx"], E, scales_TS=case["scales"], impl="torch")
+    R = ref_perm.x_RH.shape[0]
+    y = torch.randn(R, H, device=device).bfloat16()
+    ref = {"perm": ref_perm, "y": y, "unperm": ops.unpermute(y, ref_perm.row_map_TK, case["w"], impl="torch")}
+    recs = []
+    for spec in a.impl_list:
+        name = set_knobs(spec)
+        ok, why = available(name)
+        base = dict(schema=results.SCHEMA, tool="moebench.permute", command=cmd,
+                    shape=dict(T=T, H=H, K=K, E=E, R=R, dtype=a.dtype), impl=spec, env=prov,
+                    copy_GBps=round(copy_GBps, 1), start_utc=results.utc_now())
+        if not ok:
+            recs += [dict(base, op=op, check=dict(status="WAIVED", error=why)) for op in a.op_list]
+            continue
+        try:
+            perm, unperm, check = op_fns(name, case, ref, E)
+            err = check()
+        except Exception as e:  # noqa: BLE001 - one impl failing must not stop the others
+            err = f"{type(e).__name__}: {e}"
+        for op in a.op_list:
+            rec = dict(base, op=op, check=dict(status="FAIL" if err else "PASS", error=err or None))
+            if not err:
+                fn = perm if op == "permute" else unperm
+                us = bench.time(fn)
+                med = statistics.median(us)
+                nbytes = unique_bytes(op, T, H, R, case)
+                q = statistics.quantiles(us, n=10) if len(us) > 1 else [med] * 9
+                rec.update(timing=dict(timer="cuda_events" if bench.cuda else "perf_counter",
+                                       iters=len(us), median_us=round(med, 2), p10_us=round(q[0], 2),
+                                       p90_us=round(q[-1], 2), l2_flush=bench.flush is not None),
+                           bytes=nbytes, GBps=round(nbytes / med / 1e3, 1),
+                           frac_of_copy=round(nbytes / med / 1e3 / copy_GBps, 3))
+                if a.profile and bench.cuda:
+                    rec["kernels"] = kernel_profile(fn)
+                    rec["host_us"] = round(bench.host_us(fn), 1)
+            rec["end_utc"] = results.utc_now()
+            recs.append(rec)
+    set_knobs("cuda"), set_knobs("triton")
+    for r in recs:  # speedup over megatron, same shape and op
+        m = next((q for q in recs if q["impl"] == "megatron" and q["op"] == r["op"] and "timing" in q), None)
+        if m and "timing" in r:
+            r["speedup_vs_megatron"] = round(m["timing"]["median_us"] / r["timing"]["median_us"], 2)
+    return recs
+
+
+def format_table(recs) -> str:
+    head = ["shape TxHxKxE", "op", "impl", "us", "GB/s", "frac", "x mcore", "check"]
+    rows = []
+    for r in recs:
+        s = r["shape"]
+        t = r.get("timing", {})
+        rows.append([f"{s['T']}x{s['H']}x{s['K']}x{s['E']}", r["op"], r["impl"],
+                     f"{t['median_us']:.1f}" if t else "-", f"{r['GBps']:.0f}" if t else "-",
+                     f"{r['frac_of_copy']:.3f}" if t else "-",
+                     f"{r['speedup_vs_megatron']:.2f}" if "speedup_vs_megatron" in r else "-",
+                     r["check"]["status"] + (f" ({r['check']['error'][:60]})" if r["check"]["error"] else "")])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    line = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
+    return "\n".join(["# " + line(head)] + [line(r) for r in rows])
+
+
+def plot(recs, copy_GBps, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    timed = [r for r in recs if "timing" in r]
+    groups = list(dict.fromkeys((f"{r['shape']['T']}x{r['shape']['H']}\n{r['op']}") for r in timed))
+    impls = list(dict.fromkeys(r["impl"] for r in timed))
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(groups)), 5))
+    wid = 0.8 / max(1, len(impls))
+    for i, impl in enumerate(impls):
+        vals = [next((r["GBps"] for r in timed if r["impl"] == impl
+                      and f"{r['shape']['T']}x{r['shape']['H']}\n{r['op']}" == g), 0) for g in groups]
+        ax.bar([j + i * wid for j in range(len(groups))], vals, wid, label=impl)
+    ax.axhline(copy_GBps, color="k", ls="--", label=f"D2D copy {copy_GBps:.0f} GB/s")
+    ax.axhline(0.9 * copy_GBps, color="gray", ls=":", label="0.9 x copy")
+    ax.set_xticks([j + wid * (len(impls) - 1) / 2 for j in range(len(groups))], groups, fontsize=8)
+    ax.set_ylabel("effective GB/s (unique bytes)")
+    ax.set_title(f"moebench permute/unpermute, {timed[0]['env'].get('gpu') if timed else ''}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    try:
+        a = parse_args(argv)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        shapes = parse_shapes(a.shapes or (DEFAULT_SHAPES if device.type == "cuda" else CPU_SHAPES))
+    except UsageError as e:
+        print(f"moebench.permute: {e}", file=sys.stderr)
+        return 2
+    if device.type == "cpu":
+        print("# CPU run: functional check only; CPU times are not performance figures")
+    cmd = results.repro_command(argv, "moebench.permute")
+    prov = results.provenance()
+    bench = Bench(device, a.iters, not a.no_flush)
+    bw = bench.bandwidths()
+    copy_GBps = bw["copy_GBps"]
+    prov = dict(prov, **{k: round(v, 1) for k, v in bw.items()})
+    print(f"# device {prov.get('gpu') or 'cpu'}; D2D copy {copy_GBps:.0f} GB/s (read + write), "
+          f"write-only {bw['write_GBps']:.0f}, read-only {bw['read_GBps']:.0f}; median of "
+          f"{a.iters}, L2 flush {'on' if bench.flush is not None else 'off'}")
+    recs = []
+    for shape in shapes:
+        recs += run_shape(shape, a, bench, copy_GBps, device, prov, cmd)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print(format_table(recs))
+    if a.out:
+        results.write_jsonl(a.out, recs, append=False)
+    if a.plot:
+        plot(recs, copy_GBps, a.plot)
+    return 1 if any(r["check"]["status"] == "FAIL" for r in recs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""CPU tier of moebench.ops: the torch reference (oracle), Triton under TRITON_INTERPRET=1,
+megatron-core's unfused permute/unpermute as a second oracle, and hypothesis properties."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import moebench.ops as ops
+from moebench.ops import reference as ref
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def make_routing(T, K, E, mask_frac=0.2, seed=0, dtype=torch.int64, distinct=True):
+    """topk_idx [T, K]: distinct experts per token (like a router), some slots masked to -1."""
+    g = torch.Generator().manual_seed(seed)
+    if distinct and K <= E:
+        idx = torch.argsort(torch.rand(T, E, generator=g), dim=1)[:, :K]
+    else:
+        idx = torch.randint(0, E, (T, K), generator=g)
+    idx[torch.rand(T, K, generator=g) < mask_frac] = -1
+    return idx.to(dtype)
+
+
+def payload(T, H, dtype=torch.bfloat16, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g)
+    return x.to(dtype)
+
+
+def assert_same_permute(a: ops.Permuted, b: ops.Permuted):
+    assert torch.equal(a.row_map_TK, b.row_map_TK)
+    assert torch.equal(a.tokens_per_expert.cpu(), b.tokens_per_expert.cpu())
+    assert a.x_RH.shape == b.x_RH.shape
+    assert torch.equal(a.x_RH.view(torch.uint8), b.x_RH.view(torch.uint8))
+    assert (a.scales_RS is None) == (b.scales_RS is None)
+    if a.scales_RS is not None:
+        assert torch.equal(a.scales_RS, b.scales_RS)
+
+
+# ---------------------------------------------------------------- reference semantics
+def test_reference_order_by_hand():
+    x = torch.arange(5, dtype=torch.float32)[:, None].repeat(1, 3).bfloat16()
+    idx = torch.tensor([[0, 2], [1, -1], [2, 0], [-1, -1], [1, 2]])
+    p = ops.permute(x, idx, 3, impl="torch")
+    # expert 0: tokens 0, 2; expert 1: tokens 1, 4; expert 2: tokens 0, 2, 4
+    assert p.x_RH[:, 0].tolist() == [0, 2, 1, 4, 0, 2, 4]
+    assert p.tokens_per_expert.tolist() == [2, 2, 3]
+    assert p.row_map_TK.tolist() == [[0, 4], [2, -1], [5, 1], [-1, -1], [3, 6]]
+    assert p.row_map_TK.dtype == torch.int32 and p.scales_RS is None
+
+
+def test_reference_padding_and_unpermute():
+    x = payload(5, 4)
+    idx = torch.tensor([[0, 2], [1, -1], [2, 0], [-1, -1], [1, 2]], dtype=torch.int32)
+    p = ops.permute(x, idx, 3, pad_multiple=4, impl="torch")
+    assert p.tokens_per_expert.tolist() == [4, 4, 4] and p.x_RH.shape[0] == 12
+    assert p.row_map_TK.tolist() == [[0, 8], [4, -1], [9, 1], [-1, -1], [5, 10]]
+    for pad_row in (2, 3, 6, 7, 11):
+        assert not p.x_RH[pad_row].any()
+    w = torch.rand(5, 2)
+    out = ops.unpermute(p.x_RH, p.row_map_TK, w, impl="torch")
+    want = (w[:, :1] * x.float() + torch.where(idx[:, 1:] >= 0, w[:, 1:], 0) * x.float()).bfloat16()
+    want[3] = 0
+    torch.testing.assert_close(out, want, rtol=1e-2, atol=1e-2)
+
+
+def test_sort_chunks_reference():
+    x = torch.arange(6.0)[:, None]
+    out = ops.sort_chunks_by_idxs(x, [1, 2, 3], [2, 0, 1], impl="torch")
+    assert out[:, 0].tolist() == [3, 4, 5, 0, 1, 2]
+    assert ops.sort_chunks_by_idxs(x, torch.tensor([0, 6, 0]), torch.tensor([2, 1, 0]),
+                                   impl="torch").equal(x)
+
+
+def test_best_impl_and_status_on_cpu():
+    assert ops.best_impl("cpu") == "torch"
+    status = ops.impl_status()
+    assert set(status) == {"torch", "triton", "cuda"} and status["torch"][0]
+    if not torch.cuda.is_available():
+        assert status["cuda"] == (False, "no CUDA device")
+    with pytest.raises(ValueError, match="unknown impl"):
+        ops.permute(payload(2, 4), torch.zeros(2, 1, dtype=torch.long), 2, impl="nope")
+
+
+def test_opcheck_torch_impl():
+    x = payload(6, 8)
+    idx = make_routing(6, 2, 4, seed=3)
+    torch.library.opcheck(torch.ops.moebench.permute.default, (x, idx, 4, None, 0, -1, "torch"))
+    p = ops.permute(x, idx, 4, impl="torch")
+    torch.library.opcheck(torch.ops.moebench.unpermute.default,
+                          (p.x_RH, p.row_map_TK, torch.rand(6, 2), "torch"))
+    torch.library.opcheck(torch.ops.moebench.sort_chunks_by_idxs.default,
+                          (x, torch.tensor([2, 0, 4]), torch.tensor([2, 1, 0]), "torch"))
+
+
+# ---------------------------------------------------------------- Triton under the interpreter
+TRITON_CASES = [  # T, H, K, E, pad, fp8, idx dtype
+    (1, 3, 1, 2, 0, False, torch.int64),
+    (37, 24, 4, 6, 0, False, torch.int32),
+    (37, 20, 4, 6, 4, True, torch.int64),
+    (64, 40, 8, 16, 8, False, torch.int64),
+    (300, 16, 8, 300, 0, False, torch.int64),   # more slots than one rank block; E > 256
+]
+
+
+def _triton_case(T, H, K, E, pad, fp8, idt):
+    x = payload(T, H)
+    scales = None
+    if fp8:
+        x = x.float().to(torch.float8_e4m3fn)
+        scales = torch.rand(T, 3)
+    idx = make_routing(T, K, E, seed=T + E, dtype=idt)
+    a = ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl="triton")
+    b = ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl="torch")
+    assert_same_permute(a, b)
+    y = payload(b.x_RH.shape[0], H, seed=5)
+    w = torch.rand(T, K)
+    torch.testing.assert_close(ops.unpermute(y, b.row_map_TK, w, impl="triton"),
+                               ops.unpermute(y, b.row_map_TK, w, impl="torch"), rtol=1e-2, atol=1e-2)
+    sizes = torch.randint(0, 5, (6,))
+    xr = payload(int(sizes.sum()), H, seed=7)
+    perm = torch.randperm(6)
+    assert torch.equal(ops.sort_chunks_by_idxs(xr, sizes, perm, impl="triton"),
+                       ops.sort_chunks_by_idxs(xr, sizes, perm, impl="torch"))
+
+
+@pytest.mark.skipif(not INTERPRET, reason="runs in the subprocess of test_triton_interpreter")
+@pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: "x".join(map(str, c[:5])))
+def test_triton_matches_reference(case):
+    ops._status.clear()
+    _triton_case(*case)
+
+
+@pytest.mark.skipif(INTERPRET or torch.cuda.is_available(), reason="runs the cases directly")
+def test_triton_interpreter():
+    """Triton's interpreter is chosen when triton.jit runs, so run the cases in a fresh process."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                        __file__, "-k", "triton_matches_reference or hypothesis_triton"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- megatron-core as a second oracle
+def _moe_utils():
+    pytest.importorskip("triton")  # megatron-core's import needs it
+    return pytest.importorskip("megatron.core.transformer.moe.moe_utils")
+
+
+def test_reference_matches_megatron():
+    mu = _moe_utils()
+    T, H, K, E = 50, 16, 4, 8
+    x = payload(T, H)
+    idx = make_routing(T, K, E, seed=11)
+    valid = idx >= 0
+    routing_map = torch.zeros(T, E, dtype=torch.bool)
+    routing_map[torch.arange(T)[:, None].expand(T, K)[valid], idx[valid]] = True
+    w = torch.rand(T, K)
+    probs = torch.zeros(T, E)
+    probs[torch.arange(T)[:, None].expand(T, K)[valid], idx[valid]] = w[valid]
+    m_out, _, m_sorted = mu.permute(x, routing_map, num_out_tokens=int(valid.sum()))[:3]
+    p = ops.permute(x, idx, E, impl="torch")
+    assert torch.equal(p.x_RH, m_out)
+    y = payload(p.x_RH.shape[0], H, seed=9)
+    m_un = mu.unpermute(y, m_sorted, x.shape, probs=probs, routing_map=routing_map)
+    torch.testing.assert_close(ops.unpermute(y, p.row_map_TK, w, impl="torch"), m_un,
+                               rtol=1e-2, atol=1e-2)
+
+
+def test_sort_chunks_matches_megatron():
+    mu = _moe_utils()
+    sizes = torch.tensor([3, 0, 2, 5, 1, 4])
+    order = torch.tensor([4, 1, 5, 0, 3, 2])
+    x = payload(int(sizes.sum()), 8)
+    assert torch.equal(ops.sort_chunks_by_idxs(x, sizes, order, impl="torch"),
+                       mu.sort_chunks_by_idxs(x, sizes, order)[0])
+
+
+# ---------------------------------------------------------------- properties
+routing_params = st.tuples(st.integers(1, 40), st.integers(1, 33), st.integers(1, 6),
+                           st.integers(1, 12), st.sampled_from([0, 0, 2, 8]),
+                           st.floats(0, 1), st.integers(0, 2**16))
+
+
+@settings(max_examples=40, deadline=None)
+@given(routing_params)
+def test_hypothesis_reference_properties(params):
+    T, H, K, E, pad, mask_frac, seed = params
+    idx = make_routing(T, K, E, mask_frac=mask_frac, seed=seed, distinct=K <= E and seed % 2 == 0)
+    x = payload(T, H, seed=seed)
+    p = ops.permute(x, idx, E, pad_multiple=pad, impl="torch")
+    valid = idx >= 0
+    counts = torch.bincount(idx[valid], minlength=E)
+    want_tpe = (counts + pad - 1) // pad * pad if pad else counts
+    assert p.tokens_per_expert.tolist() == want_tpe.tolist()
+    assert p.x_RH.shape == (int(want_tpe.sum()), H)
+    assert bool(((p.row_map_TK >= 0) == valid).all())
+    rows = p.row_map_TK[valid].long()
+    assert rows.unique().numel() == rows.numel()                 # no two slots share a row
+    tok = torch.arange(T)[:, None].expand(T, K)[valid]
+    assert torch.equal(p.x_RH[rows], x[tok])                    # every slot carries its token
+    # Megatron order: by expert, then token index (then k)
+    key = idx[valid] * (T * K) + torch.arange(T * K).view(T, K)[valid]
+    assert torch.equal(torch.argsort(rows), torch.argsort(key))
+    pad_rows = torch.ones(p.x_RH.shape[0], dtype=torch.bool)
+    pad_rows[rows] = False
+    assert not p.x_RH[pad_rows].float().any()
+    # unpermute with unit weights on distinct rows sums each token's valid copies
+    out = ops.unpermute(p.x_RH, p.row_map_TK, torch.ones(T, K), impl="torch")
+    torch.testing.assert_close(out.float(), (x.float() * valid.sum(1, keepdim=True)).bfloat16().float(),
+                               rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="runs in the subprocess of test_triton_interpreter")
+@settings(max_examples=8, deadline=None)
+@given(routing_params)
+def test_hypothesis_triton(params):
+    T, H, K, E, pad, mask_frac, seed = params
+    ops._status.clear()
+    idx = make_routing(T, K, E, mask_frac=mask_frac, seed=seed, distinct=seed % 2 == 0)
+    x = payload(T, H, seed=seed)
+    assert_same_permute(ops.permute(x, idx, E, pad_multiple=pad, impl="triton"),
+                        ops.permute(x, idx, E, pad_multiple=pad, impl="torch"))

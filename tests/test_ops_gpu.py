@@ -1,0 +1,108 @@
+"""GPU tier of moebench.ops: every implementation against the torch reference at the benchmark
+shapes (bitwise for permute, bf16 tolerance for unpermute), fp8 + scales + padding, sort_chunks,
+and torch.library.opcheck per implementation."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import moebench.ops as ops
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+SHAPES = [(4096, 7168, 8, 256), (16384, 7168, 8, 256), (8192, 2048, 8, 128), (8192, 4096, 8, 128),
+          (77, 1000, 6, 10)]   # odd: H not a multiple of the vector width, K < 8
+
+
+def _impls():
+    status = ops.impl_status()
+    return [name for name in ("triton", "cuda") if status[name][0]] or ["torch"]
+
+
+def routing(T, K, E, mask_frac=0.05, seed=0, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    idx = torch.topk(torch.rand(T, E, device=device, generator=g), K, dim=1).indices
+    idx[torch.rand(T, K, device=device, generator=g) < mask_frac] = -1
+    return idx
+
+
+def check_permute(a: ops.Permuted, b: ops.Permuted):
+    assert torch.equal(a.row_map_TK, b.row_map_TK)
+    assert torch.equal(a.tokens_per_expert, b.tokens_per_expert)
+    assert a.x_RH.shape == b.x_RH.shape
+    assert torch.equal(a.x_RH.view(torch.uint8), b.x_RH.view(torch.uint8))
+    if b.scales_RS is not None:
+        assert torch.equal(a.scales_RS, b.scales_RS)
+
+
+def test_cuda_extension_loads():
+    ok, why = ops.impl_status()["cuda"]
+    assert ok, why
+    assert ops.best_impl("cuda") == "cuda"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+def test_impl_matches_reference(impl, shape):
+    if impl not in _impls():
+        pytest.skip(f"{impl} unavailable: {ops.impl_status()[impl][1]}")
+    T, H, K, E = shape
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    idx = routing(T, K, E, seed=T + H)
+    want = ops.permute(x, idx, E, impl="torch")
+    got = ops.permute(x, idx, E, impl=impl)
+    check_permute(got, want)
+    got_n = ops.permute(x, idx, E, impl=impl, num_out_rows=want.x_RH.shape[0])
+    check_permute(got_n, want)
+    w = torch.rand(T, K, device="cuda")
+    y = torch.randn_like(want.x_RH)
+    ref = ops.unpermute(y, want.row_map_TK, w, impl="torch")
+    out = ops.unpermute(y, want.row_map_TK, w, impl=impl)
+    torch.testing.assert_close(out, ref, rtol=1.6e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+@pytest.mark.parametrize("pad", [0, 16, 128])
+def test_fp8_scales_padding(impl, pad):
+    if impl not in _impls():
+        pytest.skip(f"{impl} unavailable")
+    T, H, K, E = 2048, 7168, 8, 256
+    x = torch.randn(T, H, device="cuda").to(torch.float8_e4m3fn)
+    s = torch.rand(T, H // 128, device="cuda")
+    idx = routing(T, K, E, mask_frac=0.2, seed=pad)
+    want = ops.permute(x, idx, E, scales_TS=s, pad_multiple=pad, impl="torch")
+    got = ops.permute(x, idx, E, scales_TS=s, pad_multiple=pad, impl=impl)
+    check_permute(got, want)
+    idx32 = idx.int()
+    check_permute(ops.permute(x, idx32, E, scales_TS=s, pad_multiple=pad, impl=impl), want)
+
+
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+@pytest.mark.parametrize("H", [7168, 1001])
+def test_sort_chunks(impl, H):
+    if impl not in _impls():
+        pytest.skip(f"{impl} unavailable")
+    C = 256
+    sizes = torch.randint(0, 200, (C,), device="cuda")
+    sizes[::7] = 0
+    order = torch.randperm(C, device="cuda")
+    x = torch.randn(int(sizes.sum()), H, device="cuda").bfloat16()
+    assert torch.equal(ops.sort_chunks_by_idxs(x, sizes, order, impl=impl),
+                       ops.sort_chunks_by_idxs(x, sizes, order, impl="torch"))
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton", "cuda"])
+def test_opcheck(impl):
+    if impl != "torch" and impl not in _impls():
+        pytest.skip(f"{impl} unavailable")
+    T, H, K, E = 64, 256, 4, 16
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    idx = routing(T, K, E, mask_frac=0.2)
+    torch.library.opcheck(torch.ops.moebench.permute.default, (x, idx, E, None, 0, -1, impl))
+    p = ops.permute(x, idx, E, impl="torch")
+    torch.library.opcheck(torch.ops.moebench.unpermute.default,
+                          (p.x_RH, p.row_map_TK, torch.rand(T, K, device="cuda"), impl))
+    sizes = torch.tensor([10, 0, 30, 24], device="cuda")
+    torch.library.opcheck(torch.ops.moebench.sort_chunks_by_idxs.default,
+                          (x, sizes, torch.tensor([3, 1, 0, 2], device="cuda"), impl))
