@@ -57,6 +57,13 @@ def _probe(ctx: Context):
     return ctx.cached("deep_ep_probe", lambda: child.run_function("moebench.checks.ep:deep_ep_probe", {}, 180))
 
 
+def _deepep_unusable(ctx: Context):
+    """WAIVED when deep_ep is not installed, FAIL when importing it crashed or raised, else None."""
+    if not _installed("deep_ep"):
+        return waived(f"deep_ep not installed; {DEEPEP_HINT}")
+    return _import_failure(ctx)
+
+
 def _import_failure(ctx: Context):
     """A FAIL outcome when importing deep_ep crashed or raised, else None."""
     r = _probe(ctx)
@@ -69,9 +76,7 @@ def _import_failure(ctx: Context):
 
 @register("deepep.import", "deep_ep imports (in a child) and exports the legacy Buffer and EventOverlap Megatron uses")
 def check_deepep_import(ctx: Context):
-    if not _installed("deep_ep"):
-        return waived(f"deep_ep not installed; {DEEPEP_HINT}")
-    bad = _import_failure(ctx)
+    bad = _deepep_unusable(ctx)
     if bad:
         return bad
     v = _probe(ctx).value
@@ -148,9 +153,7 @@ def check_deepep_ll_roundtrip(ctx: Context):
 
 def _hybridep_missing(ctx: Context):
     """WAIVED/FAIL outcome when HybridEP is not there or does not import; None when it does."""
-    if not _installed("deep_ep"):
-        return waived(f"deep_ep not installed; {DEEPEP_HINT}")
-    bad = _import_failure(ctx)
+    bad = _deepep_unusable(ctx)
     if bad:
         return bad
     v = _probe(ctx).value
