@@ -21,14 +21,16 @@ size_t moe_permute_workspace_bytes(int64_t n_slots, int E);
 // -1 = skipped; pad > 1 pads each expert to a multiple of pad with zero rows. Writes row_map
 // [T, K] int32 and tokens_per_expert [E] int32. out must hold T*K + E*(pad-1) rows.
 // wait != 0: returns the row count R, waiting only for the index kernels (the copy stays queued).
-// wait == 0: returns 0 without waiting. variant: bit 0 = streaming (evict-first) loads/stores.
+// wait == 0: returns 0 without waiting. variant (tuning; 0 is the measured best on the H200):
+// bit 0 = streaming (evict-first) loads/stores, bit 1 = 8 vectors per lane in flight, not 4.
 int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int64_t s_row_bytes,
                     const void* idx, int idx_bytes, int64_t T, int K, int E, int pad, void* out,
                     void* out_scales, int32_t* row_map, int32_t* tokens_per_expert,
                     void* workspace, int wait, int variant, cudaStream_t stream);
 
 // out[t] = sum_k w[t,k] * y[row_map[t,k]] (row_map >= 0), fp32 accumulation in k order.
-// y [R, H] and out [T, H] of y_dtype; w [T, K] of w_dtype.
+// y [R, H] and out [T, H] of y_dtype; w [T, K] of w_dtype. variant bit 1: 2 vectors per row in
+// flight per lane for K <= 8 (more registers, fewer warps: slower on the H200).
 int moe_unpermute(const void* y, int y_dtype, const int32_t* row_map, const void* w, int w_dtype,
                   void* out, int64_t T, int K, int64_t H, int variant, cudaStream_t stream);
 
