@@ -80,6 +80,7 @@ def test_sort_chunks_reference():
 
 def test_best_impl_and_status_on_cpu():
     assert ops.best_impl("cpu") == "torch"
+    assert all(ops.best_impl("cpu", op) == "torch" for op in ops.PREFERENCE)
     status = ops.impl_status()
     assert set(status) == {"torch", "triton", "cuda"} and status["torch"][0]
     if not torch.cuda.is_available():

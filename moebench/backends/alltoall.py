@@ -34,15 +34,15 @@ class AlltoallBackend(Backend):
     def setup(self, group, w, device):
         super().setup(group, w, device)
         self.world = dist.get_world_size(group)
-        self.impl = self.knob_values.get("ops_impl", "auto")
-        if self.impl == "auto":
-            self.impl = ops.best_impl(device)
+        self.impl = self.knob_values.get("ops_impl", "auto")     # "auto": the fastest per op
         L, W = w.local_experts, self.world
         self.to_expert_major = torch.tensor([s * L + j for j in range(L) for s in range(W)], device=device)
         self.to_rank_major = torch.tensor([j * W + s for s in range(W) for j in range(L)], device=device)
 
     def knobs(self):
-        return {**super().knobs(), "ops_impl": self.impl}
+        ops_used = {op: (ops.best_impl(self.device, op) if self.impl == "auto" else self.impl)
+                    for op in ("permute", "sort_chunks_by_idxs", "unpermute")}
+        return {**super().knobs(), "ops_impl": self.impl, "ops": ops_used}
 
     def _a2a(self, x: torch.Tensor, out_rows: int, out_splits, in_splits) -> torch.Tensor:
         """all_to_all_single on rows; fp8 travels as bytes (NCCL and gloo have no fp8 type)."""

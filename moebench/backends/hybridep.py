@@ -146,7 +146,7 @@ class HybridEPBackend(Backend):
         if self.build == "intranode" and self.world > self.rpd:
             raise Unavailable(f"this HybridEP build is intra-node-only and EP {self.world} spans "
                               f"{self.world // self.rpd} NVLink domains: it would abort; rebuild with HYBRID_EP_MULTINODE=1")
-        self.impl = ops.best_impl(device) if self.knob_values.get("ops_impl", "auto") == "auto" else self.knob_values["ops_impl"]
+        self.impl = self.knob_values.get("ops_impl", "auto")     # "auto": the fastest per op
         self.buffer = HybridEPBuffer(group=group, hidden_dim=w.hidden, max_num_of_tokens_per_rank=w.num_tokens,
                                      num_local_experts=w.local_experts, use_fp8=w.dtype == "fp8", **self._sm_kwargs())
         x, idx, wt, q, s = reference.rank_inputs(w, self.rank, device)

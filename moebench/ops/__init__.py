@@ -67,20 +67,27 @@ def impl_status() -> dict[str, tuple[bool, str]]:
     return dict(_status)
 
 
-def best_impl(device) -> str:
-    """Fastest implementation available on ``device``: "cuda" > "triton" > "torch"; CPU -> "torch"."""
+# Fastest first, per op, as measured side by side on the H200 (bench/results/permute-h200.jsonl):
+# CUDA's permute beats Triton's (0.76 vs 0.53 of copy at T 4096), Triton's unpermute beats CUDA's
+# (0.98 vs 0.85).
+PREFERENCE = {"permute": ("cuda", "triton"), "unpermute": ("triton", "cuda"),
+              "sort_chunks_by_idxs": ("cuda", "triton")}
+
+
+def best_impl(device, op: str = "permute") -> str:
+    """Fastest implementation of ``op`` available on ``device`` (PREFERENCE); CPU -> "torch"."""
     if torch.device(device).type != "cuda":
         return "torch"
     status = impl_status()
-    for name in ("cuda", "triton"):
+    for name in PREFERENCE[op]:
         if status[name][0]:
             return name
     return "torch"
 
 
-def _backend(impl: str, device: torch.device):
+def _backend(impl: str, device: torch.device, op: str):
     if impl == "auto":
-        impl = best_impl(device)
+        impl = best_impl(device, op)
     if impl == "torch":
         return _ref
     if impl == "triton":
@@ -111,7 +118,7 @@ _NO_SCALES = torch.empty(0)
 
 
 def _permute_kernel(x, topk_idx, num_experts, scales, pad_multiple, num_out_rows, impl):
-    out, out_s, row_map, tpe = _backend(impl, x.device).permute(
+    out, out_s, row_map, tpe = _backend(impl, x.device, "permute").permute(
         x, topk_idx, num_experts, scales, pad_multiple, num_out_rows)
     if out_s is None:
         out_s = torch.empty(0, dtype=torch.float32, device=x.device)
@@ -119,11 +126,11 @@ def _permute_kernel(x, topk_idx, num_experts, scales, pad_multiple, num_out_rows
 
 
 def _unpermute_kernel(y, row_map, topk_w, impl):
-    return _backend(impl, y.device).unpermute(y, row_map, topk_w)
+    return _backend(impl, y.device, "unpermute").unpermute(y, row_map, topk_w)
 
 
 def _sort_chunks_kernel(x, split_sizes, sorted_idxs, impl):
-    return _backend(impl, x.device).sort_chunks_by_idxs(x, split_sizes, sorted_idxs)
+    return _backend(impl, x.device, "sort_chunks_by_idxs").sort_chunks_by_idxs(x, split_sizes, sorted_idxs)
 
 
 for _key in ("CPU", "CUDA"):
