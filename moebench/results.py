@@ -128,7 +128,9 @@ def table_rows(records: list[dict]) -> list[list[str]]:
     rows = []
     for r in records:
         t, tr = r.get("timing") or {}, r.get("traffic") or {}
-        check = r["check"]["status"] + (f" ({r['check']['error']})" if r["check"].get("error") else "")
+        err = r["check"].get("error") or ""
+        err = err if len(err) <= 90 else err[:87] + "..."      # the whole error is in the JSONL
+        check = r["check"]["status"] + (f" ({err})" if err else "")
         rows.append([r["backend"]["name"], r["phase"], _fmt(t.get("median_us")), _fmt(t.get("p90_us")),
                      _fmt(tr.get("algbw_GBps")), _fmt(tr.get("busbw_GBps")), _fmt(tr.get("wirebw_GBps")),
                      _fmt(tr.get("frac_of_ceiling"), 3), check])
