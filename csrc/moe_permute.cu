@@ -242,19 +242,21 @@ __global__ void __launch_bounds__(kThreads) permute_copy_kernel(
     const V* __restrict__ x, int64_t nv, const uint8_t* __restrict__ sx, int64_t s_bytes,
     const void* __restrict__ idx, bool idx64, int64_t T, int K, int E, int SB,
     const int32_t* __restrict__ lrank, const int32_t* __restrict__ base, V* __restrict__ out,
-    uint8_t* __restrict__ sout, int32_t* __restrict__ row_map) {
+    uint8_t* __restrict__ sout, int32_t* __restrict__ row_map, int parts) {
   const int lane = threadIdx.x & 31;
-  const int64_t t = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int64_t gw = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int64_t t = gw / parts;    // `parts` warps share a token, striding over its row
+  const int part = (int)(gw % parts);
   if (t >= T) return;
   int row = -1;  // lane k < K holds slot k's output row (K <= 32)
   if (lane < K) {
     const int64_t s = t * K + lane;
     const long long e = load_idx(idx, idx64, s);
     if (e >= 0 && e < E) row = base[(s / SB) * E + e] + lrank[s];
-    row_map[s] = row;
+    if (part == 0) row_map[s] = row;
   }
   const V* src = x + t * nv;
-  for (int64_t v0 = 0; v0 < nv; v0 += 32 * UNROLL) {
+  for (int64_t v0 = (int64_t)part * 32 * UNROLL; v0 < nv; v0 += (int64_t)parts * 32 * UNROLL) {
     V buf[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -272,7 +274,7 @@ __global__ void __launch_bounds__(kThreads) permute_copy_kernel(
       }
     }
   }
-  if (s_bytes > 0) {  // scales: small rows, 4-byte words when aligned, else bytes
+  if (s_bytes > 0 && part == 0) {  // scales: small rows, 4-byte words when aligned, else bytes
     const bool w4 = (s_bytes & 3) == 0;
     const int64_t n = w4 ? s_bytes / 4 : s_bytes;
     for (int64_t i0 = 0; i0 < n; i0 += 32) {  // whole warp iterates: shuffles stay converged
@@ -523,20 +525,21 @@ template <typename V, bool STREAM, int U>
 void launch_copy(dim3 grid, cudaStream_t st, const void* x, int64_t row_bytes, const void* sx,
                  int64_t s_bytes, const void* idx, bool idx64, int64_t T, int K, int E, int SB,
                  const int32_t* lrank, const int32_t* base, void* out, void* sout,
-                 int32_t* row_map) {
+                 int32_t* row_map, int parts) {
   permute_copy_kernel<V, U, STREAM><<<grid, kThreads, 0, st>>>(
       static_cast<const V*>(x), row_bytes / (int64_t)sizeof(V), static_cast<const uint8_t*>(sx),
       s_bytes, idx, idx64, T, K, E, SB, lrank, base, static_cast<V*>(out),
-      static_cast<uint8_t*>(sout), row_map);
+      static_cast<uint8_t*>(sout), row_map, parts);
 }
 
-// variant bit 0: streaming (evict-first) loads/stores; bit 1: 8 vectors in flight per lane, not 4
+// variant bit 0: streaming (evict-first) loads/stores; bit 1: 8 vectors in flight per lane, not 4;
+// bits 2-3: 1, 2, 4 or 8 warps per token (each takes every parts-th stripe of the row)
 template <bool STREAM, bool DEEP>
 void dispatch_copy(dim3 grid, cudaStream_t st, const void* x, int64_t rb, const void* sx,
                    int64_t sb, const void* idx, bool idx64, int64_t T, int K, int E, int SB,
                    const int32_t* lrank, const int32_t* base, void* out, void* sout,
-                   int32_t* row_map) {
-#define MOE_COPY(V, U) launch_copy<V, STREAM, U>(grid, st, x, rb, sx, sb, idx, idx64, T, K, E, SB, lrank, base, out, sout, row_map)
+                   int32_t* row_map, int parts) {
+#define MOE_COPY(V, U) launch_copy<V, STREAM, U>(grid, st, x, rb, sx, sb, idx, idx64, T, K, E, SB, lrank, base, out, sout, row_map, parts)
   if (rb % 16 == 0 && aligned<uint4>(x) && aligned<uint4>(out)) MOE_COPY(uint4, DEEP ? 8 : 4);
   else if (rb % 8 == 0 && aligned<uint2>(x) && aligned<uint2>(out)) MOE_COPY(uint2, 8);
   else if (rb % 4 == 0 && aligned<uint32_t>(x) && aligned<uint32_t>(out)) MOE_COPY(uint32_t, 8);
@@ -658,10 +661,11 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
     cudaError_t e = cudaEventRecord(hs->ev[slot], stream);
     if (e != cudaSuccess) return fail("moe_permute: event record", e);
   }
-  const dim3 grid((unsigned)cdiv(T, kWarps));
+  const int parts = 1 << ((variant >> 2) & 3);
+  const dim3 grid((unsigned)cdiv(T * parts, kWarps));
   if (T > 0) {
     const int64_t sb = scales ? s_row_bytes : 0;
-#define MOE_DC(S, D) dispatch_copy<S, D>(grid, stream, x, x_row_bytes, scales, sb, idx, idx64, T, K, E, SB, lrank, base, out, out_scales, row_map)
+#define MOE_DC(S, D) dispatch_copy<S, D>(grid, stream, x, x_row_bytes, scales, sb, idx, idx64, T, K, E, SB, lrank, base, out, out_scales, row_map, parts)
     switch (variant & 3) {
       case 0: MOE_DC(false, false); break;
       case 1: MOE_DC(true, false); break;

@@ -21,7 +21,8 @@ size_t moe_permute_workspace_bytes(int64_t n_slots, int E);
 // -1 = skipped; pad > 1 pads each expert to a multiple of pad with zero rows. Writes row_map
 // [T, K] int32 and tokens_per_expert [E] int32. out must hold T*K + E*(pad-1) rows.
 // wait != 0: returns the row count R, waiting only for the index kernels (the copy stays queued).
-// wait == 0: returns 0 without waiting. variant (tuning; 0 is the measured best on the H200):
+// wait == 0: returns 0 without waiting. variant (tuning; 0 is the measured best on the H200;
+// bits 2-3 choose 1, 2, 4 or 8 warps per token in the copy):
 // bit 0 = streaming (evict-first) loads/stores, bit 1 = 8 vectors per lane in flight, not 4.
 int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int64_t s_row_bytes,
                     const void* idx, int idx_bytes, int64_t T, int K, int E, int pad, void* out,
