@@ -12,6 +12,7 @@ import torch
 
 from . import results, sweep
 from .backends import base
+from .launch import joined_env
 from .runner import Options, run_case
 from .workload import DTYPES, Workload, WorkloadError
 
@@ -50,10 +51,12 @@ def parser() -> argparse.ArgumentParser:
 
 def pick_device(requested: str, ep: int) -> tuple[str, str]:
     """(device, note). EP larger than the visible GPUs is an error only when cuda was asked for."""
-    from .launch import joined_env
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if joined_env() is not None:
-        return ("cuda" if ngpu else "cpu"), ""
+    joined = joined_env()
+    if joined is not None:
+        if joined[1] != ep:
+            raise WorkloadError(f"--ep {ep} but the launcher started {joined[1]} processes; they must match")
+        return ("cpu" if requested == "cpu" or not ngpu else "cuda"), ""
     if requested == "cuda":
         if ngpu < ep:
             raise WorkloadError(
@@ -104,11 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     except WorkloadError as e:
         print(f"moebench.dispatch: error: {e}", file=sys.stderr)
         return 2
+    joined = joined_env()
+    say = print if joined is None or joined[0] == 0 else (lambda *a, **k: None)   # rank 0 reports
     if note:
-        print(f"# NOTE: {note}")
-    print(f"# workload: T={w.num_tokens} H={w.hidden} E={w.num_experts} K={w.topk} EP={w.ep} "
-          f"dtype={w.dtype} routing={w.routing} seed={w.seed} device={opts.device}")
-    records = run_case(w, names, opts, list(sys.argv[1:] if argv is None else argv))
+        say(f"# NOTE: {note}")
+    say(f"# workload: T={w.num_tokens} H={w.hidden} E={w.num_experts} K={w.topk} EP={w.ep} "
+        f"dtype={w.dtype} routing={w.routing} seed={w.seed} device={opts.device}")
+    records = run_case(w, names, opts, list(sys.argv[1:] if argv is None else argv), progress=say)
+    if joined is not None and joined[0] != 0:
+        return 0
     print(results.format_table(records))
     results.write_jsonl(args.out, records)
     print(f"# {len(records)} records appended to {args.out}")

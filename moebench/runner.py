@@ -124,7 +124,8 @@ def run_case(w: Workload, names: list[str], opts: Options, argv: list[str] | Non
             res = {"status": "WAIVED", "error": why, "phases": {}, "knobs": {}, "version": "", "a2a": None}
         else:
             progress(f"# running {name} on EP {w.ep} ...")
-            res = run_backend(w, name, opts, measure=opts.measure_ceiling and measured is None)
+            measure = opts.measure_ceiling and opts.device == "cuda" and measured is None   # NCCL only
+            res = run_backend(w, name, opts, measure=measure)
             measured = measured or res.get("a2a")
         if not res:
             continue

@@ -29,6 +29,17 @@ def test_ep4_cpu_run_writes_valid_jsonl(tmp_path):
         json.dumps(r)
 
 
+def test_joins_torchrun_and_only_rank0_reports(tmp_path):
+    out = tmp_path / "r.jsonl"
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "-m", "moebench.dispatch", "--ep", "2", "--device", "cpu", "--backend", "alltoall",
+                        "--num-tokens", "16", "--hidden", "128", "--num-experts", "8", "--topk", "2",
+                        "--iters", "2", "--out", str(out)], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.count("records appended") == 1
+    assert [r["check"]["status"] for r in read_jsonl(out)] == ["PASS", "PASS"]
+
+
 def test_waived_backend_is_reported_not_fatal(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
     rc = dispatch.main(["--ep", "2", "--device", "cpu", "--backend", "deepep", "--num-tokens", "8",
