@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import sys
 
@@ -64,15 +63,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _installed_mcore() -> str | None:
-    try:
-        return importlib.metadata.version("megatron-core")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def cmd_flags(args) -> int:
-    version = args.megatron_core_version or _installed_mcore()
+    version = args.megatron_core_version or results.dist_version("megatron-core")
     if not version:
         raise F.FlagsError("megatron-core is not installed here: pass --megatron-core-version V")
     F.parse_version(version)

@@ -26,11 +26,14 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _pkg_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def dist_version(*names: str) -> str | None:
+    """Version of the first installed distribution among `names` (spellings of one package); None if none."""
+    for n in names:
+        try:
+            return importlib.metadata.version(n)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def git_sha() -> str | None:
@@ -56,10 +59,10 @@ def provenance() -> dict:
     import torch
     env = {
         "git_sha": git_sha(), "python": platform.python_version(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "nccl": None, "triton": _pkg_version("triton"),
-        "deep_ep": _pkg_version("deep_ep") or _pkg_version("deep-ep"),
-        "megatron_core": _pkg_version("megatron-core") or _pkg_version("megatron_core"),
-        "transformer_engine": _pkg_version("transformer_engine") or _pkg_version("transformer-engine"),
+        "cuda": torch.version.cuda, "nccl": None, "triton": dist_version("triton"),
+        "deep_ep": dist_version("deep_ep", "deep-ep"),
+        "megatron_core": dist_version("megatron-core", "megatron_core"),
+        "transformer_engine": dist_version("transformer_engine", "transformer-engine"),
         "hostname": socket.gethostname(), "driver": None, "gpu": None, "gpu_count": 0, "cc": None,
         "env": {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ},
     }

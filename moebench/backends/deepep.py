@@ -20,13 +20,13 @@ Legend: T tokens, H hidden, K top-k, L local experts, N received tokens, R group
 """
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
 
 import torch
 
 from .. import ops
+from ..results import dist_version
 from ..workload import WorkloadError
 from .base import Backend, Dispatched, Unavailable
 
@@ -47,15 +47,6 @@ def find(module: str) -> tuple[bool, str]:
     except (ImportError, ValueError) as e:
         return False, f"{module}: {e}"
     return (True, "") if ok else (False, f"{module} not installed; {HINT}")
-
-
-def dist_version(*names: str) -> str:
-    for n in names:
-        try:
-            return importlib.metadata.version(n)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return ""
 
 
 def import_deep_ep(attr: str):
@@ -116,7 +107,7 @@ class DeepEPBackend(Backend):
 
     @classmethod
     def version(cls):
-        return dist_version("deep_ep", "deep-ep")
+        return dist_version("deep_ep", "deep-ep") or ""
 
     def validate(self, w, world):
         super().validate(w, world)

@@ -28,7 +28,8 @@ import torch.distributed as dist
 from .. import ops, reference
 from ..workload import WorkloadError
 from .base import Backend, Dispatched, Unavailable
-from .deepep import Grouped, dist_version, find, group_by_local_expert, import_deep_ep, weighted_rows
+from ..results import dist_version
+from .deepep import Grouped, find, group_by_local_expert, import_deep_ep, weighted_rows
 
 DOMAIN_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
 MODES = ("permute", "plain")
@@ -109,7 +110,7 @@ class HybridEPBackend(Backend):
 
     @classmethod
     def version(cls):
-        return dist_version("deep_ep", "deep-ep")
+        return dist_version("deep_ep", "deep-ep") or ""
 
     @property
     def mode(self) -> str:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
 from typing import ClassVar
@@ -46,6 +45,7 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
+from ..results import dist_version
 from ..workload import WorkloadError
 from .base import Backend, Dispatched, Unavailable
 
@@ -126,10 +126,7 @@ def mcore_version() -> str:
         from megatron.core import package_info
         return str(package_info.__version__)
     except Exception:  # noqa: BLE001 - version is informational
-        try:
-            return importlib.metadata.version("megatron-core")
-        except importlib.metadata.PackageNotFoundError:
-            return ""
+        return dist_version("megatron-core") or ""
 
 
 def num_sms_config(config_cls, backend: str, num_sms: int | None) -> dict:
@@ -176,10 +173,7 @@ class _McoreBackend(Backend):
 
     @classmethod
     def version(cls) -> str:
-        try:
-            return importlib.metadata.version("megatron-core")
-        except importlib.metadata.PackageNotFoundError:
-            return ""
+        return dist_version("megatron-core") or ""
 
     def validate(self, w, world):
         super().validate(w, world)

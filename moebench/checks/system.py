@@ -5,12 +5,12 @@ machine without NVML, without NVLink or without RDMA NICs gets WAIVED rows with 
 """
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 from pathlib import Path
 
 from .. import ceilings, topology
+from ..results import dist_version
 from . import buildkind
 from .registry import Context, failed, passed, register, waived
 
@@ -18,15 +18,6 @@ from .registry import Context, failed, passed, register, waived
 EXPECTED_LINKS = (("GB300", 18), ("B300", 18), ("GB200", 18), ("B200", 18), ("H800", 8), ("H200", 18),
                   ("H100", 18), ("H20", 18), ("A800", 8), ("A100", 12))
 NIC_ROOT = "/sys"
-
-
-def _version(*dists: str) -> str | None:
-    for d in dists:
-        try:
-            return importlib.metadata.version(d)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def nvml():
@@ -64,12 +55,12 @@ def check_env(ctx: Context):
     v = {
         "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
         "driver": _q(nv.nvmlSystemGetDriverVersion) if nv else None, "nccl": nccl,
-        "triton": _version("triton"),
-        "nvshmem": _version("nvidia-nvshmem-cu13", "nvidia-nvshmem-cu12", "nvshmem"),
-        "nvshmem4py": _version("nvshmem4py-cu13", "nvshmem4py-cu12", "nvshmem4py"),
-        "deep_ep": _version("deep_ep", "deep-ep"), "deep_ep_files": buildkind.deep_ep_layout(),
-        "megatron_core": _version("megatron-core", "megatron_core"),
-        "transformer_engine": _version("transformer_engine", "transformer-engine"),
+        "triton": dist_version("triton"),
+        "nvshmem": dist_version("nvidia-nvshmem-cu13", "nvidia-nvshmem-cu12", "nvshmem"),
+        "nvshmem4py": dist_version("nvshmem4py-cu13", "nvshmem4py-cu12", "nvshmem4py"),
+        "deep_ep": dist_version("deep_ep", "deep-ep"), "deep_ep_files": buildkind.deep_ep_layout(),
+        "megatron_core": dist_version("megatron-core", "megatron_core"),
+        "transformer_engine": dist_version("transformer_engine", "transformer-engine"),
         "cuda_home": os.environ.get("CUDA_HOME"),
     }
     de = v["deep_ep_files"]
