@@ -110,10 +110,9 @@ def _validate_spec(args):
 
 def _validate_env(args) -> tuple[str, int]:
     """(device type, world); raises FlagsError (exit 2) when this machine cannot run it."""
-    import importlib.util
     import torch
     from .launch import joined_env
-    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+    if not results.installed("megatron.core"):
         raise F.FlagsError("validate needs megatron-core (pip install megatron-core)")
     joined = joined_env()
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -128,7 +127,7 @@ def _validate_env(args) -> tuple[str, int]:
         if world < 2:
             raise F.FlagsError(f"--dispatcher {args.dispatcher} needs EP >= 2 "
                                "(Megatron's flex dispatcher asserts TPxEP > 1)")
-        if importlib.util.find_spec("deep_ep") is None:
+        if not results.installed("deep_ep"):
             raise F.FlagsError(f"--dispatcher {args.dispatcher} needs deep_ep installed (WAIVED here)")
     if args.num_experts % world:
         raise F.FlagsError(f"--num-experts {args.num_experts} is not divisible by EP {world}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import functools
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -24,6 +25,14 @@ ENV_ALLOWLIST = ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "NCCL_PROTO", "NCCL
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def installed(module: str) -> bool:
+    """Whether `module` can be found, without importing it (a dotted name imports its parents)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def dist_version(*names: str) -> str | None:

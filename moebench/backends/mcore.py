@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 import torch.distributed as dist
 
-from ..results import dist_version
+from ..results import dist_version, installed
 from ..workload import WorkloadError
 from .base import Backend, Dispatched, Unavailable
 
@@ -165,9 +164,9 @@ class _McoreBackend(Backend):
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
-        if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        if not installed("megatron.core"):
             return False, "megatron-core is not installed (pip install megatron-core)"
-        if cls.flex_backend and importlib.util.find_spec("deep_ep") is None:
+        if cls.flex_backend and not installed("deep_ep"):
             return False, f"deep_ep is not installed (Megatron's {cls.flex_backend} path needs DeepEP)"
         return True, ""
 

@@ -8,10 +8,10 @@ size 1 cannot take the report down.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
+from ..results import installed
 from . import buildkind, child
 from .baseline import rows_from_records
 from .comm import find_nvcc, gpu_count
@@ -22,13 +22,6 @@ DEEPEP_HINT = ("install DeepEP from branch hybrid-ep (legacy Buffer + HybridEPBu
                "main (v2) lacks the legacy API Megatron imports")
 DEEPEP_RANKS = (2, 4, 8)
 DOMAIN_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
-
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def deep_ep_probe() -> dict:
@@ -59,7 +52,7 @@ def _probe(ctx: Context):
 
 def _deepep_unusable(ctx: Context):
     """WAIVED when deep_ep is not installed, FAIL when importing it crashed or raised, else None."""
-    if not _installed("deep_ep"):
+    if not installed("deep_ep"):
         return waived(f"deep_ep not installed; {DEEPEP_HINT}")
     return _import_failure(ctx)
 
@@ -133,7 +126,7 @@ def roundtrip(ctx: Context, backend: str, variants: list[dict], num_tokens: int 
 
 @register("deepep.roundtrip", "deepep (legacy Buffer, normal mode) dispatch + combine against the oracle at the visible GPU count")
 def check_deepep_roundtrip(ctx: Context):
-    if not _installed("deep_ep"):
+    if not installed("deep_ep"):
         return waived(f"deep_ep not installed; {DEEPEP_HINT}")
     n = gpu_count()
     if n not in DEEPEP_RANKS:
@@ -143,7 +136,7 @@ def check_deepep_roundtrip(ctx: Context):
 
 @register("deepep.ll-roundtrip", "deepep-ll (low-latency mode, NVSHMEM) dispatch + combine against the oracle")
 def check_deepep_ll_roundtrip(ctx: Context):
-    if not _installed("deep_ep"):
+    if not installed("deep_ep"):
         return waived(f"deep_ep not installed; {DEEPEP_HINT}")
     n = gpu_count()
     if n < 2:
@@ -185,7 +178,7 @@ def _build(ctx: Context):
 
 @register("hybridep.build", "HybridEP build kind: intra-node-only or multinode (extension strings and linked libraries)")
 def check_hybridep_build(ctx: Context):
-    if not _installed("hybrid_ep_cpp"):
+    if not installed("hybrid_ep_cpp"):
         return waived("hybrid_ep_cpp extension not installed (deep_ep not built from branch hybrid-ep)")
     b = _build(ctx)
     if b.kind == "unknown":
@@ -220,7 +213,7 @@ def judge_domain(env_value: str | None, domain: int, ep: int, tp: int, build: st
 
 @register("hybridep.domain", f"{DOMAIN_ENV} against the detected NVLink domain; whether EP x TP leaves it")
 def check_hybridep_domain(ctx: Context):
-    if not _installed("hybrid_ep_cpp"):
+    if not installed("hybrid_ep_cpp"):
         return waived("hybrid_ep_cpp extension not installed (deep_ep not built from branch hybrid-ep)")
     domain, how = nvlink_domain()
     if domain is None:
@@ -282,7 +275,7 @@ def judge_megatron(v: dict, deep_ep: bool, hybrid: bool) -> list[str]:
 
 @register("megatron", "megatron-core imports and its fused_a2a really sees DeepEP/HybridEP (no silent fallback)")
 def check_megatron(ctx: Context):
-    if not _installed("megatron"):
+    if not installed("megatron"):
         return waived("megatron-core not installed")
     r = child.run_function("moebench.checks.ep:megatron_probe", {}, 300)
     if not r.ok:
@@ -290,7 +283,7 @@ def check_megatron(ctx: Context):
     v = r.value
     if v.get("import_error"):
         return failed(f"import megatron.core / fused_a2a raised {v['import_error']}")
-    deep, hybrid = _installed("deep_ep"), _installed("hybrid_ep_cpp")
+    deep, hybrid = installed("deep_ep"), installed("hybrid_ep_cpp")
     problems = judge_megatron(v, deep, hybrid)
     if problems:
         return failed("; ".join(problems), probe=v)
