@@ -21,6 +21,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import tomllib
@@ -185,12 +186,6 @@ def knobs_of(r: dict) -> dict:
     return {k: v for k, v in ((r.get("backend") or {}).get("knobs") or {}).items() if k in TUNABLE}
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
-
-
 def best_knobs(records) -> list[dict]:
     """The fastest knob setting per (backend, workload), from PASS records with timing.
 
@@ -216,13 +211,13 @@ def best_knobs(records) -> list[dict]:
         setting[r["phase"]].append(t["median_us"])
     out = []
     for (backend, wkey), settings in sorted(groups.items()):
-        cands = [(_median(v["dispatch"]) + _median(v["combine"]), k, v) for k, v in settings.items()
+        cands = [(statistics.median(v["dispatch"]) + statistics.median(v["combine"]), k, v) for k, v in settings.items()
                  if v["dispatch"] and v["combine"]]
         if not cands:
             continue
         total, k, v = min(cands, key=lambda c: c[0])
         out.append({"backend": backend, "workload": json.loads(wkey), "knobs": json.loads(k),
-                    "dispatch_us": _median(v["dispatch"]), "combine_us": _median(v["combine"]),
+                    "dispatch_us": statistics.median(v["dispatch"]), "combine_us": statistics.median(v["combine"]),
                     "total_us": total, "settings": len(cands)})
     return out
 

@@ -6,6 +6,7 @@ On CPU (gloo) the same loop runs with a host clock: the numbers say the code wor
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -35,12 +36,7 @@ def stats(times_s: list[float], timer: str) -> Stats:
     samples = [x * 1e6 for x in times_s]
     t = sorted(samples)
     q = lambda p: t[min(len(t) - 1, max(0, math.ceil(p * len(t)) - 1))]  # noqa: E731
-    return Stats(timer, len(t), _median(t), q(0.10), q(0.90), t[0], samples)
-
-
-def _median(t: list[float]) -> float:
-    n = len(t)
-    return t[n // 2] if n % 2 else 0.5 * (t[n // 2 - 1] + t[n // 2])
+    return Stats(timer, len(t), statistics.median(t), q(0.10), q(0.90), t[0], samples)
 
 
 class Timer:
