@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..results import read_jsonl
 from .registry import Context, failed, passed, register, waived
 
 DEFAULT_THRESHOLD_PCT = 10.0
@@ -58,19 +59,11 @@ def _rows_of(obj) -> list[dict]:
 
 def read_rows(path: str | Path) -> list[dict]:
     """Bandwidth rows from a dispatch JSONL, a rows JSONL or a check JSON report."""
-    text = Path(path).read_text()
     try:
-        return _rows_of(json.loads(text))
+        return _rows_of(json.loads(Path(path).read_text()))
     except json.JSONDecodeError:
         pass
-    rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                rows += _rows_of(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
-    return rows
+    return [row for obj in read_jsonl(path) for row in _rows_of(obj)]
 
 
 def compare(baseline: list[dict], current: list[dict], threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> dict:
