@@ -31,6 +31,11 @@ class Options:
     measure_ceiling: bool = True
 
 
+def _result(status: str, error: str = "") -> dict:
+    """A backend's result as rank_main returns it; status FAIL/WAIVED before anything was timed."""
+    return {"status": status, "error": error, "phases": {}, "knobs": {}, "version": "", "a2a": None}
+
+
 def _agree_error(err: str, group) -> str:
     """The first rank's non-empty error, the same on every rank (so all ranks skip timing together)."""
     if dist.get_world_size(group) == 1:
@@ -42,7 +47,7 @@ def _agree_error(err: str, group) -> str:
 
 def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: bool) -> dict:
     """Runs on every rank. Returns {status, error, phases: {phase: Stats dict}, knobs, a2a}."""
-    out = {"status": "FAIL", "error": "", "phases": {}, "knobs": {}, "version": "", "a2a": None}
+    out = _result("FAIL")
     dev = ctx.device
     try:
         cls = base.get(name)
@@ -67,9 +72,7 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
         return out
     timer = Timer(dev, ctx.group, opts.flush_l2)
     d = b.dispatch(payload, idx, wt, s)
-    y = reference.apply_experts(d.x_RH[: sum(int(c) for c in d.tokens_per_expert)], d.tokens_per_expert,
-                                ctx.rank, w, d.scales_RS)
-    y = _pad_rows(y, d.x_RH.shape[0])
+    y = _expert_outputs(d, ctx.rank, w)
     phases = {"dispatch": lambda: b.dispatch(payload, idx, wt, s), "combine": lambda: b.combine(y, d.handle)}
     phases.update(b.extra_phases(payload, idx, wt))
     for phase, fn in phases.items():
@@ -82,10 +85,12 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
     return out
 
 
-def _pad_rows(y, rows):
-    if y.shape[0] == rows:
-        return y
-    return torch.cat([y, y.new_zeros(rows - y.shape[0], *y.shape[1:])])
+def _expert_outputs(d: base.Dispatched, rank: int, w: Workload) -> torch.Tensor:
+    """The correctness experts applied to the dispatched rows, zero rows for any padding past them."""
+    tpe = [int(c) for c in d.tokens_per_expert]
+    y = reference.apply_experts(d.x_RH[: sum(tpe)], tpe, rank, w, d.scales_RS)
+    rows = d.x_RH.shape[0]
+    return y if y.shape[0] == rows else torch.cat([y, y.new_zeros(rows - y.shape[0], *y.shape[1:])])
 
 
 def _check(b, w, rank, payload, idx, wt, scales, dev) -> str:
@@ -97,8 +102,7 @@ def _check(b, w, rank, payload, idx, wt, scales, dev) -> str:
     err = reference.check_dispatch(got_rows, got_scales, exp_rows, exp_scales, rank, w)
     if err:
         return "dispatch: " + err
-    y = _pad_rows(reference.apply_experts(d.x_RH[: sum(tpe)], tpe, rank, w, d.scales_RS), d.x_RH.shape[0])
-    out = b.combine(y, d.handle)
+    out = b.combine(_expert_outputs(d, rank, w), d.handle)
     err = reference.check_combine(out, reference.expected_combine(payload, idx, wt, w, scales))
     return "combine: " + err if err else ""
 
@@ -108,8 +112,7 @@ def run_backend(w: Workload, name: str, opts: Options, measure: bool) -> dict:
     try:
         outs = run_ranks(rank_main, w.ep, opts.device, opts.timeout_s, args=(w, name, opts, measure))
     except LaunchError as e:
-        return {"status": "FAIL", "error": str(e).splitlines()[0][:500], "phases": {}, "knobs": {},
-                "version": "", "a2a": None}
+        return _result("FAIL", str(e).splitlines()[0][:500])
     return outs[0] if outs else {}
 
 
@@ -121,7 +124,7 @@ def run_case(w: Workload, names: list[str], opts: Options, argv: list[str] | Non
         start = results.utc_now()
         ok, why = base.get(name).available()
         if not ok:
-            res = {"status": "WAIVED", "error": why, "phases": {}, "knobs": {}, "version": "", "a2a": None}
+            res = _result("WAIVED", why)
         else:
             progress(f"# running {name} on EP {w.ep} ...")
             measure = opts.measure_ceiling and opts.device == "cuda" and measured is None   # NCCL only
