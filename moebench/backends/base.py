@@ -44,6 +44,19 @@ class Dispatched:
     probs_R: torch.Tensor | None = None
 
 
+def routing_map_and_probs(topk_idx_TK: torch.Tensor, topk_w_TK: torch.Tensor, num_experts: int):
+    """(routing_map bool [T, E], probs fp32 [T, E]), the dense form Megatron's TopKRouter returns;
+    slots with idx -1 are dropped. Expert ids in a row are distinct (workload.py guarantees it)."""
+    valid = topk_idx_TK >= 0
+    safe = torch.where(valid, topk_idx_TK, 0).long()
+    T = topk_idx_TK.shape[0]
+    hits = torch.zeros(T, num_experts, dtype=torch.int32, device=topk_idx_TK.device)
+    hits.scatter_add_(1, safe, valid.to(torch.int32))
+    probs = torch.zeros(T, num_experts, dtype=torch.float32, device=topk_idx_TK.device)
+    probs.scatter_add_(1, safe, torch.where(valid, topk_w_TK.float(), 0.0))
+    return hits > 0, probs
+
+
 class Unavailable(RuntimeError):
     """Raised by setup() when the package imports but cannot serve this run: the backend is WAIVED."""
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from .. import ops, reference
 from ..workload import WorkloadError
-from .base import Backend, Dispatched, Unavailable
+from .base import Backend, Dispatched, Unavailable, routing_map_and_probs
 from ..results import dist_version
 from .deepep import Grouped, find, group_by_local_expert, import_deep_ep, weighted_rows
 
@@ -38,18 +38,6 @@ SM_KNOBS = {"num_sms_dispatch": "num_sms_dispatch_api", "num_sms_combine": "num_
             "num_blocks_unpermute": "num_blocks_unpermute"}
 ENV_KNOBS = (DOMAIN_ENV, "USE_MNNVL", "NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API", "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API",
              "HYBRID_EP_CACHE_DIR", "CUDA_HOME")
-
-
-def routing_map_and_probs(topk_idx_TK: torch.Tensor, topk_w_TK: torch.Tensor, num_experts: int):
-    """(routing_map bool [T, E], probs fp32 [T, E]); slots with idx -1 are dropped."""
-    valid = topk_idx_TK >= 0
-    safe = torch.where(valid, topk_idx_TK, 0).long()
-    T = topk_idx_TK.shape[0]
-    hits = torch.zeros(T, num_experts, dtype=torch.int32, device=topk_idx_TK.device)
-    hits.scatter_add_(1, safe, valid.to(torch.int32))
-    probs = torch.zeros(T, num_experts, dtype=torch.float32, device=topk_idx_TK.device)
-    probs.scatter_add_(1, safe, torch.where(valid, topk_w_TK.float(), 0.0))
-    return hits > 0, probs
 
 
 def ranks_per_domain(world: int, gpus_per_node: int) -> int:

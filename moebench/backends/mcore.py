@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from ..results import dist_version, installed
 from ..workload import WorkloadError
-from .base import Backend, Dispatched, Unavailable
+from .base import Backend, Dispatched, Unavailable, routing_map_and_probs
 
 
 # ---------------------------------------------------------------- CPU emulation (tests only)
@@ -241,13 +241,7 @@ class _McoreBackend(Backend):
         if src is not None and src[0] is topk_idx_TK and src[1] is topk_w_TK \
                 and src[2] == (topk_idx_TK._version, topk_w_TK._version):
             return src[3], src[4]
-        T, E = topk_idx_TK.shape[0], self.w.num_experts
-        valid = topk_idx_TK >= 0
-        col = torch.where(valid, topk_idx_TK, E)          # masked slots land in a dropped extra column
-        rmap = torch.zeros(T, E + 1, dtype=torch.bool, device=topk_idx_TK.device).scatter_(1, col, True)
-        probs = torch.zeros(T, E + 1, dtype=torch.float32, device=topk_idx_TK.device)
-        probs.scatter_(1, col, torch.where(valid, topk_w_TK.float(), 0.0))
-        rmap, probs = rmap[:, :E].contiguous(), probs[:, :E].contiguous()
+        rmap, probs = routing_map_and_probs(topk_idx_TK, topk_w_TK, self.w.num_experts)
         self._route_src = (topk_idx_TK, topk_w_TK, (topk_idx_TK._version, topk_w_TK._version), rmap, probs)
         return rmap, probs
 
