@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from .. import ops
-from .base import Backend, Dispatched
+from .base import Backend, Dispatched, probs_by_row
 
 
 @dataclass
@@ -56,9 +56,7 @@ class AlltoallBackend(Backend):
     def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
         w, W, L = self.w, self.world, self.w.local_experts
         p = ops.permute(x_TH, topk_idx_TK, w.num_experts, scales_TS=scales_TS, impl=self.impl)
-        valid = p.row_map_TK >= 0
-        probs_R = torch.empty(p.x_RH.shape[0], dtype=torch.float32, device=x_TH.device)
-        probs_R[p.row_map_TK[valid].long()] = topk_w_TK[valid].float()
+        probs_R = probs_by_row(p.row_map_TK, topk_w_TK, p.x_RH.shape[0])
         send_counts = p.tokens_per_expert.to(torch.int64).view(W, L)
         recv_counts = torch.empty_like(send_counts)
         if W > 1:

@@ -28,7 +28,7 @@ import torch
 from .. import ops
 from ..results import dist_version
 from ..workload import WorkloadError
-from .base import Backend, Dispatched, Unavailable
+from .base import Backend, Dispatched, Unavailable, probs_by_row
 
 HINT = ("install DeepEP from branch hybrid-ep (legacy Buffer + HybridEPBuffer) or tag v1.2.1; "
         "DeepEP v2 (main) lacks the legacy Buffer/EventOverlap API that Megatron imports")
@@ -77,9 +77,7 @@ def group_by_local_expert(x_NH, local_idx_NK, weights_NK, num_local: int, scales
     the count, spares the device->host wait."""
     w = torch.where(local_idx_NK >= 0, weights_NK.float(), 0.0)
     p = ops.permute(x_NH, local_idx_NK, num_local, scales_TS=scales_NS, impl=impl, num_out_rows=num_rows)
-    valid = p.row_map_TK >= 0
-    probs_R = torch.zeros(p.x_RH.shape[0], dtype=torch.float32, device=x_NH.device)
-    probs_R[p.row_map_TK[valid].long()] = w[valid]
+    probs_R = probs_by_row(p.row_map_TK, w, p.x_RH.shape[0])
     return Grouped(p.x_RH, p.scales_RS, p.row_map_TK, w, probs_R, p.tokens_per_expert)
 
 
