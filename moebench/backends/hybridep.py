@@ -186,8 +186,10 @@ class HybridEPBackend(Backend):
 
     def combine(self, y_RH, handle: _Handle):
         if self.mode == "permute":
-            p = handle.probs_R
-            y = (y_RH[: p.shape[0]].float() * p[:, None]).to(torch.bfloat16) if p is not None else y_RH
+            p, y = handle.probs_R, y_RH
+            if p is not None:   # one kernel: rows x fp32 probs, computed in fp32, stored as bf16
+                y = y_RH.new_empty(p.shape[0], y_RH.shape[1], dtype=torch.bfloat16)
+                torch.mul(y_RH[: p.shape[0]], p[:, None], out=y)
             return self.buffer.combine_with_unpermute(hidden=y, handle=handle.native)[0]
         y_N = weighted_rows(y_RH, handle.grouped, self.impl)
         return self.buffer.combine(hidden=y_N, probs=None, handle=handle.native)[0]
