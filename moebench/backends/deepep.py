@@ -174,7 +174,8 @@ class _LLHandle:
     native: object
     topk_idx: torch.Tensor
     topk_w: torch.Tensor
-    mask_LM: torch.Tensor
+    shape_LM: tuple[int, int]
+    rows_R: torch.Tensor           # flat [L*M] slot of each grouped row (found once, in dispatch)
 
 
 class DeepEPLowLatencyBackend(DeepEPBackend):
@@ -213,12 +214,15 @@ class DeepEPLowLatencyBackend(DeepEPBackend):
         recv_x, recv_count, handle, _, _ = self._raw(x_TH, idx)
         L, M = recv_x.shape[0], recv_x.shape[1]
         mask = torch.arange(M, device=recv_x.device)[None, :] < recv_count[:, None]
-        return Dispatched(recv_x[mask], recv_count.tolist(), _LLHandle(handle, idx, topk_w_TK.float(), mask))
+        rows = mask.view(-1).nonzero().squeeze(1)      # the one device->host wait; combine needs none
+        return Dispatched(recv_x.flatten(0, 1)[rows], recv_count.tolist(),
+                          _LLHandle(handle, idx, topk_w_TK.float(), (L, M), rows))
 
     def combine(self, y_RH, handle: _LLHandle):
-        L, M = handle.mask_LM.shape
-        buf = y_RH.new_zeros(L, M, y_RH.shape[1])
-        buf[handle.mask_LM] = y_RH[: int(handle.mask_LM.sum())]
+        L, M = handle.shape_LM
+        buf = y_RH.new_zeros(L * M, y_RH.shape[1])
+        buf[handle.rows_R] = y_RH[: handle.rows_R.shape[0]]
+        buf = buf.view(L, M, -1)
         return self.buffer.low_latency_combine(buf, handle.topk_idx, handle.topk_w, handle.native)[0]
 
     def extra_phases(self, x_TH, topk_idx_TK, topk_w_TK):
