@@ -88,10 +88,9 @@ def provenance() -> dict:
 
 
 def _driver_version() -> str | None:
+    from .topology import nvml
     try:
-        import pynvml
-        pynvml.nvmlInit()
-        v = pynvml.nvmlSystemGetDriverVersion()
+        v = nvml().nvmlSystemGetDriverVersion()
         return v.decode() if isinstance(v, bytes) else v
     except Exception:  # noqa: BLE001 - NVML is optional
         return None

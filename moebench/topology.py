@@ -24,7 +24,8 @@ class Inventory:
         return asdict(self)
 
 
-def _nvml():
+def nvml():
+    """The initialised pynvml module; raises with the reason when NVML cannot be used."""
     import pynvml
     pynvml.nvmlInit()
     return pynvml
@@ -44,7 +45,7 @@ def nvlinks_up(pynvml, handle) -> int | None:
 
 def inventory() -> Inventory:
     try:
-        nv = _nvml()
+        nv = nvml()
         gpus = []
         for i in range(nv.nvmlDeviceGetCount()):
             h = nv.nvmlDeviceGetHandleByIndex(i)

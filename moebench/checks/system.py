@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .. import ceilings, topology
 from ..results import dist_version
+from ..topology import nvml
 from . import buildkind
 from .registry import Context, failed, passed, register, waived
 
@@ -18,13 +19,6 @@ from .registry import Context, failed, passed, register, waived
 EXPECTED_LINKS = (("GB300", 18), ("B300", 18), ("GB200", 18), ("B200", 18), ("H800", 8), ("H200", 18),
                   ("H100", 18), ("H20", 18), ("A800", 8), ("A100", 12))
 NIC_ROOT = "/sys"
-
-
-def nvml():
-    """The initialised pynvml module; raises with the reason when NVML cannot be used."""
-    import pynvml
-    pynvml.nvmlInit()
-    return pynvml
 
 
 def _nvml_or_reason():
