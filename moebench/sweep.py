@@ -337,7 +337,7 @@ class Runner:
         _ensure_newline(self.args.out)
         results.write_jsonl(self.args.out, recs)
         self.records += recs
-        self.done = done_keys(self.records, self.args.redo_failed)
+        self.done |= done_keys(recs, self.args.redo_failed)     # keys only grow: no rescan of all records
         self.ran += 1
         for r in recs:
             print(_summary_line(r), flush=True)
