@@ -79,10 +79,6 @@ def build(args) -> tuple[Workload, list[str], Options, str]:
     w = Workload(num_experts=args.num_experts, topk=args.topk, ep=args.ep, dtype=args.dtype,
                  routing=args.routing, seed=args.seed, gpus_per_node=args.gpus_per_node, **shape)
     names = base.parse_backends(args.backend)
-    explicit = args.backend != "all"
-    if explicit:   # an explicitly named backend that cannot take this workload is bad input
-        for n in names:
-            base.get(n)().validate(w, w.ep)
     knobs = {"ops_impl": args.ops_impl}
     if args.num_sms is not None:
         knobs["num_sms"] = args.num_sms
@@ -91,6 +87,9 @@ def build(args) -> tuple[Workload, list[str], Options, str]:
         if not sep or not key:
             raise WorkloadError(f"--knob wants KEY=VALUE, got {kv!r}")
         knobs[key] = int(val) if val.lstrip("-").isdigit() else val
+    if args.backend != "all":   # an explicitly named backend that cannot take this run is bad input
+        for n in names:
+            base.get(n)(knob_values=dict(knobs)).validate(w, w.ep)
     opts = Options(device=device, iters=args.iters or (5 if cpu else 20),
                    warmup_ms=args.warmup_ms if args.warmup_ms is not None else (0.0 if cpu else 200.0),
                    flush_l2=not args.no_flush_l2, timeout_s=args.timeout, knobs=knobs,

@@ -45,30 +45,55 @@ def _agree_error(err: str, group) -> str:
     return next((f"{e}" for e in errs if e), "")
 
 
+class CheckFailed(Exception):
+    """The backend ran but returned wrong tokens: the oracle's message."""
+
+
+WAIVED = "WAIVED: "
+
+
+def _stage(fn, group) -> str:
+    """Run fn on every rank; the first rank's error (or '') on all ranks, so that no rank goes on
+    into a collective that another rank will never join."""
+    try:
+        fn()
+        err = ""
+    except base.Unavailable as e:
+        err = WAIVED + str(e)
+    except CheckFailed as e:
+        err = str(e)
+    except Exception as e:  # noqa: BLE001 - a failing backend is a FAIL row, not a crash
+        err = f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+    return _agree_error(err, group)
+
+
 def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: bool) -> dict:
     """Runs on every rank. Returns {status, error, phases: {phase: Stats dict}, knobs, a2a}."""
     out = _result("FAIL")
     dev = ctx.device
-    try:
+    b = None
+    x, idx, wt, q, s = reference.rank_inputs(w, ctx.rank, dev)
+    payload = q if q is not None else x
+
+    def prepare():
+        nonlocal b
         cls = base.get(name)
         out["version"] = cls.version()
         b = cls(knob_values=dict(opts.knobs))
         b.validate(w, ctx.world)
         b.setup(ctx.group, w, dev)
         out["knobs"] = b.knobs()
-        x, idx, wt, q, s = reference.rank_inputs(w, ctx.rank, dev)
-        payload = q if q is not None else x
-        err = _check(b, w, ctx.rank, payload, idx, wt, s, dev)
-    except base.Unavailable as e:
-        out.update(status="WAIVED", error=str(e))
-        err = f"WAIVED: {e}"
-    except Exception as e:  # noqa: BLE001 - a failing backend is a FAIL row, not a crash
-        err = f"{type(e).__name__}: {e}"
-        traceback.print_exc()
-    err = _agree_error(err, ctx.group)
+
+    def check():
+        msg = _check(b, w, ctx.rank, payload, idx, wt, s, dev)
+        if msg:
+            raise CheckFailed(msg)
+
+    err = _stage(prepare, ctx.group) or _stage(check, ctx.group)
     if err:
-        if not err.startswith("WAIVED"):
-            out.update(status="FAIL", error=err)
+        waived = err.startswith(WAIVED)
+        out.update(status="WAIVED" if waived else "FAIL", error=err.removeprefix(WAIVED))
         return out
     timer = Timer(dev, ctx.group, opts.flush_l2)
     d = b.dispatch(payload, idx, wt, s)

@@ -63,6 +63,7 @@ def test_waived_backend_is_reported_not_fatal(tmp_path, capsys):
     (["--dtype", "fp8", "--backend", "hybridep", "--hidden", "768"], "fp8"),
     (["--backend", "hybridep", "--hidden", "100"], "hidden"),
     (["--knob", "num_sms"], "KEY=VALUE"),
+    (["--backend", "deepep", "--num-sms", "3", "--ep", "2", "--device", "cpu"], "even"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, msg, capsys):
     rc = dispatch.main(argv + ["--out", "/dev/null"])

@@ -1,0 +1,45 @@
+"""Every rank agrees on a backend's fate before anyone enters a collective."""
+import torch.distributed as dist
+
+from moebench.backends import base
+from moebench.backends.alltoall import AlltoallBackend
+from moebench.launch import run_ranks
+from moebench.runner import Options, rank_main
+from moebench.workload import Workload
+
+W = Workload(num_tokens=8, hidden=64, num_experts=4, topk=2, ep=2)
+
+
+class WaiveOnRank1(AlltoallBackend):
+    name = "test-waive-rank1"
+
+    def setup(self, group, w, device):
+        if dist.get_rank(group) == 1:
+            raise base.Unavailable("no widget on rank 1")
+        super().setup(group, w, device)
+
+
+class WrongTokens(AlltoallBackend):
+    name = "test-wrong"
+
+    def dispatch(self, *a, **k):
+        d = super().dispatch(*a, **k)
+        d.x_RH = d.x_RH.flip(0)           # the right multiset only by accident: order across experts breaks
+        return d
+
+
+def run_fake(ctx, name, cls_path):
+    base.REGISTRY[name] = cls_path
+    return rank_main(ctx, W, name, Options(iters=1, warmup_ms=0), measure=False)
+
+
+def test_a_backend_waived_on_one_rank_is_waived_on_all():
+    outs = run_ranks(run_fake, 2, "cpu", timeout_s=60, args=("test-waive-rank1", "test_runner:WaiveOnRank1"))
+    assert [o["status"] for o in outs] == ["WAIVED", "WAIVED"]
+    assert outs[0]["error"] == "no widget on rank 1"
+
+
+def test_wrong_tokens_fail_the_check_and_skip_timing():
+    outs = run_ranks(run_fake, 2, "cpu", timeout_s=60, args=("test-wrong", "test_runner:WrongTokens"))
+    assert {o["status"] for o in outs} == {"FAIL"}
+    assert outs[0]["error"].startswith("dispatch: rank") and outs[0]["phases"] == {}
