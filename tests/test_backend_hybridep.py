@@ -7,8 +7,9 @@ import torch
 from moebench import reference
 from moebench.backends import Unavailable, get
 from moebench.backends.deepep import group_by_local_expert, weighted_rows
+from moebench.backends.base import routing_map_and_probs
 from moebench.backends.hybridep import (DOMAIN_ENV, HybridEPBackend, cuda_home, local_plain_inputs,
-                                        ranks_per_domain, routing_map_and_probs)
+                                        ranks_per_domain)
 from moebench.workload import Workload, WorkloadError
 
 

@@ -110,6 +110,17 @@ class Backend:
         """Other timed phases as {phase: zero-arg callable}, e.g. DeepEP's layout."""
         return {}
 
+    def dense_routing(self, topk_idx_TK, topk_w_TK):
+        """routing_map_and_probs(), cached while the same, unmodified routing tensors come again:
+        Megatron's router hands dispatchers this dense form, so building it is not dispatch work."""
+        src = getattr(self, "_route_src", None)
+        key = (topk_idx_TK._version, topk_w_TK._version)
+        if src is None or src[0] is not topk_idx_TK or src[1] is not topk_w_TK or src[2] != key:
+            src = (topk_idx_TK, topk_w_TK, key,
+                   *routing_map_and_probs(topk_idx_TK, topk_w_TK, self.w.num_experts))
+            self._route_src = src
+        return src[3], src[4]
+
     def knobs(self) -> dict:
         """Settings that shaped the run (SMs, chunk sizes, env, implementation choices)."""
         return dict(self.knob_values)

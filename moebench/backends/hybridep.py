@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .. import ops, reference
+from .. import reference
 from ..workload import WorkloadError
-from .base import Backend, Dispatched, Unavailable, routing_map_and_probs
+from .base import Backend, Dispatched, Unavailable
 from ..results import dist_version
 from .deepep import Grouped, find, group_by_local_expert, import_deep_ep, weighted_rows
 
@@ -165,7 +165,7 @@ class HybridEPBackend(Backend):
                 "build": getattr(self, "build", None), "env": env}
 
     def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
-        rmap, probs = routing_map_and_probs(topk_idx_TK, topk_w_TK, self.w.num_experts)
+        rmap, probs = self.dense_routing(topk_idx_TK, topk_w_TK)
         fp8 = x_TH.dtype == torch.float8_e4m3fn
         hidden = x_TH.view(torch.uint8) if fp8 else x_TH
         if self.mode == "permute":

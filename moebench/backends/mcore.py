@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from ..results import dist_version, installed
 from ..workload import WorkloadError
-from .base import Backend, Dispatched, Unavailable, routing_map_and_probs
+from .base import Backend, Dispatched, Unavailable
 
 
 # ---------------------------------------------------------------- CPU emulation (tests only)
@@ -205,7 +205,6 @@ class _McoreBackend(Backend):
         cls = td.MoEFlexTokenDispatcher if self.flex_backend else td.MoEAlltoAllTokenDispatcher
         self.d = cls(L, list(range(rank * L, (rank + 1) * L)), config=self.config, pg_collection=pg)
         self._mgr = getattr(self.d, "_comm_manager", None)
-        self._route_src: tuple | None = None
         self._mcore_version = mcore_version()
 
     def _config_kwargs(self, config_cls, w, world) -> dict:
@@ -235,16 +234,6 @@ class _McoreBackend(Backend):
                     k[f] = getattr(self.config, f)
         return k
 
-    def _dense_routing(self, topk_idx_TK, topk_w_TK):
-        """(routing_map bool [T,E], probs fp32 [T,E]) as TopKRouter returns them; cached per routing."""
-        src = self._route_src
-        if src is not None and src[0] is topk_idx_TK and src[1] is topk_w_TK \
-                and src[2] == (topk_idx_TK._version, topk_w_TK._version):
-            return src[3], src[4]
-        rmap, probs = routing_map_and_probs(topk_idx_TK, topk_w_TK, self.w.num_experts)
-        self._route_src = (topk_idx_TK, topk_w_TK, (topk_idx_TK._version, topk_w_TK._version), rmap, probs)
-        return rmap, probs
-
     def _snapshot(self) -> tuple:
         return dict(self.d.__dict__), (dict(self._mgr.__dict__) if self._mgr is not None else None)
 
@@ -254,7 +243,7 @@ class _McoreBackend(Backend):
             self._mgr.__dict__.update(state[1])
 
     def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
-        rmap, probs = self._dense_routing(topk_idx_TK, topk_w_TK)
+        rmap, probs = self.dense_routing(topk_idx_TK, topk_w_TK)
         d = self.d
         h, p = d.dispatch_preprocess(x_TH, rmap, probs)
         h, p = d.token_dispatch(h, p)
