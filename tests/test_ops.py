@@ -11,7 +11,6 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import moebench.ops as ops
-from moebench.ops import reference as ref
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
