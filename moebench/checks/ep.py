@@ -18,8 +18,7 @@ from .comm import find_nvcc, gpu_count
 from .registry import FAIL, WAIVED, Context, failed, passed, register, waived
 from .system import nvlink_domain
 
-DEEPEP_HINT = ("install DeepEP from branch hybrid-ep (legacy Buffer + HybridEPBuffer) or tag v1.2.1; "
-               "main (v2) lacks the legacy API Megatron imports")
+from ..backends.deepep import HINT as DEEPEP_HINT
 DEEPEP_RANKS = (2, 4, 8)
 DOMAIN_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
 
