@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..backends.deepep import HINT as DEEPEP_HINT
 from ..results import installed
 from . import buildkind, child
 from .baseline import rows_from_records
@@ -18,7 +19,6 @@ from .comm import find_nvcc, gpu_count
 from .registry import FAIL, WAIVED, Context, failed, passed, register, waived
 from .system import nvlink_domain
 
-from ..backends.deepep import HINT as DEEPEP_HINT
 DEEPEP_RANKS = (2, 4, 8)
 DOMAIN_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
 
