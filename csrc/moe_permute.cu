@@ -59,6 +59,17 @@ template <> __device__ __forceinline__ uint16_t ld<uint16_t, true>(const uint16_
 template <> __device__ __forceinline__ uint16_t ld<uint16_t, false>(const uint16_t* p) { return *p; }
 template <> __device__ __forceinline__ void st<uint16_t, true>(uint16_t* p, const uint16_t& v) { *p = v; }
 
+// Inclusive prefix sum of v across the 32 lanes of a full warp.
+template <typename T>
+__device__ __forceinline__ T warp_inclusive_sum(T v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T u = __shfl_up_sync(kFull, v, o);
+    if (lane >= o) v += u;
+  }
+  return v;
+}
+
 __device__ __forceinline__ long long load_idx(const void* idx, bool idx64, int64_t s) {
   return idx64 ? static_cast<const long long*>(idx)[s] : static_cast<const int*>(idx)[s];
 }
@@ -156,21 +167,11 @@ __global__ void __launch_bounds__(1024) route_scan_kernel(int32_t* __restrict__ 
   const int per = (E + 1023) / 1024, i0 = min(E, tid * per), i1 = min(E, i0 + per);
   int local = 0;
   for (int i = i0; i < i1; ++i) local += pad_up(start[i], pad);
-  int incl = local;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int v = __shfl_up_sync(kFull, incl, o);
-    if (lane >= o) incl += v;
-  }
+  const int incl = warp_inclusive_sum(local, lane);
   if (lane == 31) wsum[g] = incl;
   __syncthreads();
   if (g == 0) {
-    int v = wsum[lane], x = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(kFull, x, o);
-      if (lane >= o) x += y;
-    }
+    const int v = wsum[lane], x = warp_inclusive_sum(v, lane);
     wsum[lane] = x - v;  // exclusive
     if (lane == 31) {
       total_dev[0] = x;
@@ -421,12 +422,7 @@ __device__ void block_exclusive_scan(int64_t* a, int n, int64_t* wsum) {
   const int per = (n + kThreads - 1) / kThreads, i0 = min(n, tid * per), i1 = min(n, i0 + per);
   int64_t local = 0;
   for (int i = i0; i < i1; ++i) local += a[i];
-  int64_t incl = local;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int64_t v = __shfl_up_sync(kFull, incl, o);
-    if (lane >= o) incl += v;
-  }
+  const int64_t incl = warp_inclusive_sum(local, lane);
   if (lane == 31) wsum[warp] = incl;
   __syncthreads();
   if (tid == 0) {
