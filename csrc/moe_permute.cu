@@ -4,11 +4,14 @@
 //   route_rank  : slots in blocks of 256*ITEMS; each warp ranks its slots stably per expert with
 //                 __match_any_sync; per-warp counts are scanned in shared memory; writes each
 //                 slot's rank inside its block and the block's per-expert counts [NB, E].
-//   route_scan  : one 32x32 block turns counts into each block's first row per expert (expert
-//                 starts padded to `pad`), tokens per expert, and the row count, also written to
-//                 mapped pinned host memory so the host can learn R while the copy runs.
-//   permute_copy: one warp per token reads its row once (16-byte vectors, UNROLL in flight) and
-//                 stores it to its K rows; writes row_map; fp8 scales ride along.
+//   route_scan  : one 32x32 block per 32 experts turns counts into each block's first row per
+//                 expert; the last block to finish scans the expert totals (expert starts padded
+//                 to `pad`): tokens per expert and the row count, also written to mapped pinned
+//                 host memory so the host can learn R while the copy runs.
+//   permute_bulk: (sm_90+, 16-byte rows) lane 0 of a one-warp block bulk-loads (TMA) a row chunk
+//                 into shared memory and bulk-stores it to its K rows; writes row_map.
+//   permute_copy: (fallback, or variant bit 4) one warp per token reads its row once (16-byte
+//                 vectors, UNROLL in flight) and stores it to its K rows. fp8 scales ride along.
 // Unpermute: one warp per token, all K rows' vectors loaded before use (KMAX compile-time), fp32
 // accumulation in k order with round-to-nearest mul and add (bitwise equal to the torch oracle).
 #include "moe_permute.h"
@@ -79,9 +82,11 @@ template <int ITEMS>
 __global__ void __launch_bounds__(kThreads) route_rank_kernel(const void* __restrict__ idx,
                                                               bool idx64, int64_t n, int E,
                                                               int32_t* __restrict__ lrank,
-                                                              int32_t* __restrict__ counts) {
+                                                              int32_t* __restrict__ counts,
+                                                              unsigned* __restrict__ done) {
   extern __shared__ int32_t cnt[];  // [kWarps][E]: running count, then exclusive warp prefix
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *done = 0;  // route_scan's arrival counter
   for (int i = threadIdx.x; i < kWarps * E; i += kThreads) cnt[i] = 0;
   const int64_t wbase = (int64_t)blockIdx.x * kThreads * ITEMS + (int64_t)warp * 32 * ITEMS;
   int ex[ITEMS], rk[ITEMS];
@@ -123,50 +128,60 @@ __global__ void __launch_bounds__(kThreads) route_rank_kernel(const void* __rest
 // ------------------------------------------------------------------ route_scan
 __device__ __forceinline__ int pad_up(int c, int pad) { return pad > 1 ? (c + pad - 1) / pad * pad : c; }
 
-// blockDim (32, 32): lane = expert within a tile of 32, g = one of 32 contiguous groups of blocks.
-// counts [NB, E] in: per-block counts; out: per-block first row per expert. Experts go in phases
-// of kTG tiles so that kTG independent loads per thread are in flight (the first version looped
-// tile by tile and was latency-bound: 16 us at E = 256).
-constexpr int kTG = 8;
+// blockDim (32, 32), one block per tile of 32 experts: lane = expert, g = one of 32 contiguous
+// groups of blocks. counts [NB, E] in: per-block counts; out: each block's first row per expert,
+// relative to the expert's start; ecount = totals. The last tile block to arrive scans the padded
+// totals over all experts: estart, tokens per expert and the row count, also written to mapped
+// pinned host memory so the host can learn R while the copy runs. (The first version was one
+// block for all experts: 11 us at E 256, NB 128 on the H200, 7% of the permute at T 4096.)
+constexpr int kScanKeep = 8;  // per-thread block counts kept in registers between the two passes
 __global__ void __launch_bounds__(1024) route_scan_kernel(int32_t* __restrict__ counts, int NB,
                                                           int E, int pad, int32_t* __restrict__ tpe,
                                                           int32_t* __restrict__ estart_out,
                                                           int32_t* __restrict__ ecount_out,
                                                           int32_t* __restrict__ total_dev,
-                                                          int32_t* total_host) {
-  extern __shared__ int32_t start[];  // [E]: raw totals, then padded expert starts
-  __shared__ int32_t red[kTG][32][33];
+                                                          int32_t* total_host,
+                                                          unsigned* __restrict__ done) {
+  __shared__ int32_t red[32][33];
   __shared__ int32_t wsum[32];
+  __shared__ bool last;
   const int lane = threadIdx.x, g = threadIdx.y, tid = g * 32 + lane;
+  const int e = blockIdx.x * 32 + lane;
   const int nbg = (NB + 31) / 32, b0 = min(NB, g * nbg), b1 = min(NB, b0 + nbg);
-  for (int p0 = 0; p0 < E; p0 += kTG * 32) {  // pass 1: totals per expert
-    int ps[kTG];
+  int c[kScanKeep], sum = 0;
 #pragma unroll
-    for (int j = 0; j < kTG; ++j) ps[j] = 0;
-#pragma unroll 2
-    for (int b = b0; b < b1; ++b) {
-#pragma unroll
-      for (int j = 0; j < kTG; ++j) {
-        const int e = p0 + j * 32 + lane;
-        if (e < E) ps[j] += counts[(int64_t)b * E + e];
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kTG; ++j) red[j][g][lane] = ps[j];
-    __syncthreads();
-    if (tid < kTG * 32) {  // thread tid sums expert p0 + tid over the 32 groups
-      const int j = tid >> 5, e = p0 + tid;
-      int s = 0;
-#pragma unroll 8
-      for (int i = 0; i < 32; ++i) s += red[j][i][lane];
-      if (e < E) start[e] = s;
-    }
-    __syncthreads();
+  for (int q = 0; q < kScanKeep; ++q) {
+    c[q] = (e < E && b0 + q < b1) ? counts[(int64_t)(b0 + q) * E + e] : 0;
+    sum += c[q];
   }
+  for (int b = b0 + kScanKeep; b < b1; ++b)
+    if (e < E) sum += counts[(int64_t)b * E + e];
+  red[g][lane] = sum;
+  __syncthreads();
+  int r = 0;  // exclusive prefix over the groups before g
+  for (int i = 0; i < g; ++i) r += red[i][lane];
+  if (g == 31 && e < E) ecount_out[e] = r + sum;
+  if (e < E) {
+#pragma unroll
+    for (int q = 0; q < kScanKeep; ++q)
+      if (b0 + q < b1) { counts[(int64_t)(b0 + q) * E + e] = r; r += c[q]; }
+    for (int b = b0 + kScanKeep; b < b1; ++b) {
+      const int64_t o = (int64_t)b * E + e;
+      const int cc = counts[o];
+      counts[o] = r;
+      r += cc;
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
   // exclusive scan of padded totals over experts: each thread owns `per` consecutive experts
   const int per = (E + 1023) / 1024, i0 = min(E, tid * per), i1 = min(E, i0 + per);
   int local = 0;
-  for (int i = i0; i < i1; ++i) local += pad_up(start[i], pad);
+  for (int i = i0; i < i1; ++i) local += pad_up(__ldcg(ecount_out + i), pad);
   const int incl = warp_inclusive_sum(local, lane);
   if (lane == 31) wsum[g] = incl;
   __syncthreads();
@@ -184,66 +199,52 @@ __global__ void __launch_bounds__(1024) route_scan_kernel(int32_t* __restrict__ 
   __syncthreads();
   int run = wsum[g] + incl - local;
   for (int i = i0; i < i1; ++i) {
-    const int c = start[i], p = pad_up(c, pad);
+    const int p = pad_up(__ldcg(ecount_out + i), pad);
     tpe[i] = p;
-    ecount_out[i] = c;
     estart_out[i] = run;
-    start[i] = run;
     run += p;
-  }
-  __syncthreads();
-  for (int p0 = 0; p0 < E; p0 += kTG * 32) {  // pass 2: per-block bases
-    int c[kTG][4];  // the first 4 blocks of this group stay in registers (NB <= 128: all)
-    int ps[kTG];
-#pragma unroll
-    for (int j = 0; j < kTG; ++j) ps[j] = 0;
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-#pragma unroll
-      for (int j = 0; j < kTG; ++j) {
-        const int e = p0 + j * 32 + lane, b = b0 + q;
-        c[j][q] = (e < E && b < b1) ? counts[(int64_t)b * E + e] : 0;
-        ps[j] += c[j][q];
-      }
-#pragma unroll 2
-    for (int b = b0 + 4; b < b1; ++b)
-#pragma unroll
-      for (int j = 0; j < kTG; ++j) {
-        const int e = p0 + j * 32 + lane;
-        if (e < E) ps[j] += counts[(int64_t)b * E + e];
-      }
-    __syncthreads();  // red is reused from the previous phase
-#pragma unroll
-    for (int j = 0; j < kTG; ++j) red[j][g][lane] = ps[j];
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < kTG; ++j) {
-      const int e = p0 + j * 32 + lane;
-      if (e >= E) continue;
-      int r = start[e];
-      for (int i = 0; i < g; ++i) r += red[j][i][lane];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int b = b0 + q;
-        if (b < b1) { counts[(int64_t)b * E + e] = r; r += c[j][q]; }
-      }
-      for (int b = b0 + 4; b < b1; ++b) {
-        const int64_t o = (int64_t)b * E + e;
-        const int cc = counts[o];
-        counts[o] = r;
-        r += cc;
-      }
-    }
   }
 }
 
 // ------------------------------------------------------------------ permute_copy
+// Output row of slot s (expert e): expert start + the slot block's base + rank in the block.
+__device__ __forceinline__ int slot_row(const void* idx, bool idx64, int64_t s, int E, int SB,
+                                        const int32_t* estart, const int32_t* base,
+                                        const int32_t* lrank) {
+  const long long e = load_idx(idx, idx64, s);
+  return (e >= 0 && e < E) ? estart[e] + base[(s / SB) * E + e] + lrank[s] : -1;
+}
+
+// Token t's scale row to its K rows (lane k < K holds row k): 4-byte words when aligned, else
+// bytes. The whole warp iterates, so the shuffles stay converged.
+__device__ void copy_scales(const uint8_t* sx, int64_t s_bytes, int64_t t, int K, int row,
+                            uint8_t* sout, int lane) {
+  const bool w4 = (s_bytes & 3) == 0;
+  const int64_t n = w4 ? s_bytes / 4 : s_bytes;
+  for (int64_t i0 = 0; i0 < n; i0 += 32) {
+    const int64_t i = i0 + lane;
+    uint32_t v4 = 0;
+    uint8_t v1 = 0;
+    if (i < n) {
+      if (w4) v4 = reinterpret_cast<const uint32_t*>(sx + t * s_bytes)[i];
+      else v1 = sx[t * s_bytes + i];
+    }
+    for (int k = 0; k < K; ++k) {
+      const int r = __shfl_sync(kFull, row, k);
+      if (r < 0 || i >= n) continue;
+      if (w4) reinterpret_cast<uint32_t*>(sout + (int64_t)r * s_bytes)[i] = v4;
+      else sout[(int64_t)r * s_bytes + i] = v1;
+    }
+  }
+}
+
 template <typename V, int UNROLL, bool STREAM>
 __global__ void __launch_bounds__(kThreads) permute_copy_kernel(
     const V* __restrict__ x, int64_t nv, const uint8_t* __restrict__ sx, int64_t s_bytes,
     const void* __restrict__ idx, bool idx64, int64_t T, int K, int E, int SB,
-    const int32_t* __restrict__ lrank, const int32_t* __restrict__ base, V* __restrict__ out,
-    uint8_t* __restrict__ sout, int32_t* __restrict__ row_map, int parts) {
+    const int32_t* __restrict__ lrank, const int32_t* __restrict__ base,
+    const int32_t* __restrict__ estart, V* __restrict__ out, uint8_t* __restrict__ sout,
+    int32_t* __restrict__ row_map, int parts) {
   const int lane = threadIdx.x & 31;
   const int64_t gw = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int64_t t = gw / parts;    // `parts` warps share a token, striding over its row
@@ -251,10 +252,8 @@ __global__ void __launch_bounds__(kThreads) permute_copy_kernel(
   if (t >= T) return;
   int row = -1;  // lane k < K holds slot k's output row (K <= 32)
   if (lane < K) {
-    const int64_t s = t * K + lane;
-    const long long e = load_idx(idx, idx64, s);
-    if (e >= 0 && e < E) row = base[(s / SB) * E + e] + lrank[s];
-    if (part == 0) row_map[s] = row;
+    row = slot_row(idx, idx64, t * K + lane, E, SB, estart, base, lrank);
+    if (part == 0) row_map[t * K + lane] = row;
   }
   const V* src = x + t * nv;
   for (int64_t v0 = (int64_t)part * 32 * UNROLL; v0 < nv; v0 += (int64_t)parts * 32 * UNROLL) {
@@ -275,25 +274,92 @@ __global__ void __launch_bounds__(kThreads) permute_copy_kernel(
       }
     }
   }
-  if (s_bytes > 0 && part == 0) {  // scales: small rows, 4-byte words when aligned, else bytes
-    const bool w4 = (s_bytes & 3) == 0;
-    const int64_t n = w4 ? s_bytes / 4 : s_bytes;
-    for (int64_t i0 = 0; i0 < n; i0 += 32) {  // whole warp iterates: shuffles stay converged
-      const int64_t i = i0 + lane;
-      uint32_t v4 = 0;
-      uint8_t v1 = 0;
-      if (i < n) {
-        if (w4) v4 = reinterpret_cast<const uint32_t*>(sx + t * s_bytes)[i];
-        else v1 = sx[t * s_bytes + i];
-      }
-      for (int k = 0; k < K; ++k) {
-        const int r = __shfl_sync(kFull, row, k);
-        if (r < 0 || i >= n) continue;
-        if (w4) reinterpret_cast<uint32_t*>(sout + (int64_t)r * s_bytes)[i] = v4;
-        else sout[(int64_t)r * s_bytes + i] = v1;
+  if (s_bytes > 0 && part == 0) copy_scales(sx, s_bytes, t, K, row, sout, lane);
+}
+
+// ------------------------------------------------------------------ permute_bulk (sm_90+)
+// Bulk-copy (TMA) path: one warp per block, NBUF shared-memory buffers of one row chunk each.
+// Lane 0 loads a chunk with cp.async.bulk (completion on an mbarrier) and stores it to its K
+// rows with K cp.async.bulk shared->global copies; the other lanes only work out the rows.
+// Blocks stride over (token, chunk) items; a buffer is refilled once its stores have read it.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+template <int NBUF, bool EVICT_FIRST>
+__global__ void __launch_bounds__(32) permute_bulk_kernel(
+    const uint8_t* __restrict__ x, int64_t rb, int64_t chunk, int64_t nchunk,
+    const uint8_t* __restrict__ sx, int64_t s_bytes, const void* __restrict__ idx, bool idx64,
+    int64_t T, int K, int E, int SB, const int32_t* __restrict__ lrank,
+    const int32_t* __restrict__ base, const int32_t* __restrict__ estart,
+    uint8_t* __restrict__ out, uint8_t* __restrict__ sout, int32_t* __restrict__ row_map) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) uint8_t sbuf[];
+  __shared__ __align__(8) uint64_t bar[NBUF];
+  const int lane = threadIdx.x;
+  const int64_t n_items = T * nchunk;
+  uint64_t policy = 0;
+  if (EVICT_FIRST) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  auto load = [&](int64_t item, int b) {  // lane 0 only
+    const int64_t t = item / nchunk, c = item - t * nchunk;
+    const uint32_t n = (uint32_t)min(chunk, rb - c * chunk);
+    const uint32_t mb = smem_u32(&bar[b]);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(mb), "r"(n) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(smem_u32(sbuf + b * chunk)), "l"(x + t * rb + c * chunk), "r"(n), "r"(mb)
+                 : "memory");
+  };
+  if (lane == 0) {
+    for (int b = 0; b < NBUF; ++b)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_u32(&bar[b])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int b = 0; b < NBUF; ++b) {
+      const int64_t item = blockIdx.x + (int64_t)b * gridDim.x;
+      if (item < n_items) load(item, b);
+    }
+  }
+  for (int64_t j = 0;; ++j) {
+    const int64_t item = blockIdx.x + j * gridDim.x;
+    if (item >= n_items) break;
+    const int b = (int)(j % NBUF);
+    const int64_t t = item / nchunk, c = item - t * nchunk;
+    const uint32_t n = (uint32_t)min(chunk, rb - c * chunk);
+    int row = -1;
+    if (lane < K) {
+      row = slot_row(idx, idx64, t * K + lane, E, SB, estart, base, lrank);
+      if (c == 0) row_map[t * K + lane] = row;
+    }
+    if (lane == 0) {
+      const uint32_t mb = smem_u32(&bar[b]), parity = (uint32_t)((j / NBUF) & 1);
+      uint32_t ready = 0;
+      while (!ready)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}" : "=r"(ready) : "r"(mb), "r"(parity) : "memory");
+    }
+    const uint32_t src = smem_u32(sbuf + b * chunk);
+    for (int k = 0; k < K; ++k) {
+      const int r = __shfl_sync(kFull, row, k);
+      if (lane != 0 || r < 0) continue;
+      uint8_t* dst = out + (int64_t)r * rb + c * chunk;
+      if (EVICT_FIRST)
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;"
+                     :: "l"(dst), "r"(src), "r"(n), "l"(policy) : "memory");
+      else
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                     :: "l"(dst), "r"(src), "r"(n) : "memory");
+    }
+    if (lane == 0) asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    if (c == 0 && s_bytes > 0) copy_scales(sx, s_bytes, t, K, row, sout, lane);
+    if (lane == 0 && j >= 1) {  // refill the previous item's buffer once its stores have read it
+      const int64_t next = blockIdx.x + (j - 1 + NBUF) * gridDim.x;
+      if (next < n_items) {
+        asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+        load(next, (int)((j - 1) % NBUF));
       }
     }
   }
+  if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
 }
 
 // zero the padding rows of expert blockIdx.x: rows [start + count, start + padded), contiguous
@@ -517,31 +583,98 @@ HostSlots* host_slots(int dev) {
 template <typename V>
 bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % sizeof(V) == 0; }
 
+// Arguments every copy kernel takes.
+struct CopyArgs {
+  const void* x; int64_t rb; const void* sx; int64_t sb; const void* idx; bool idx64;
+  int64_t T; int K, E, SB; const int32_t *lrank, *base, *estart; void *out, *sout;
+  int32_t* row_map;
+};
+
 template <typename V, bool STREAM, int U>
-void launch_copy(dim3 grid, cudaStream_t st, const void* x, int64_t row_bytes, const void* sx,
-                 int64_t s_bytes, const void* idx, bool idx64, int64_t T, int K, int E, int SB,
-                 const int32_t* lrank, const int32_t* base, void* out, void* sout,
-                 int32_t* row_map, int parts) {
+void launch_copy(const CopyArgs& a, int parts, cudaStream_t st) {
+  const dim3 grid((unsigned)cdiv(a.T * parts, kWarps));
   permute_copy_kernel<V, U, STREAM><<<grid, kThreads, 0, st>>>(
-      static_cast<const V*>(x), row_bytes / (int64_t)sizeof(V), static_cast<const uint8_t*>(sx),
-      s_bytes, idx, idx64, T, K, E, SB, lrank, base, static_cast<V*>(out),
-      static_cast<uint8_t*>(sout), row_map, parts);
+      static_cast<const V*>(a.x), a.rb / (int64_t)sizeof(V), static_cast<const uint8_t*>(a.sx),
+      a.sb, a.idx, a.idx64, a.T, a.K, a.E, a.SB, a.lrank, a.base, a.estart,
+      static_cast<V*>(a.out), static_cast<uint8_t*>(a.sout), a.row_map, parts);
 }
 
-// variant bit 0: streaming (evict-first) loads/stores; bit 1: 8 vectors in flight per lane, not 4;
-// bits 2-3: 1, 2, 4 or 8 warps per token (each takes every parts-th stripe of the row)
+// Warp copy; variant bit 0: streaming (evict-first) loads/stores; bit 1: 8 vectors in flight per
+// lane, not 4; bits 2-3: 1, 2, 4 or 8 warps per token (each takes every parts-th stripe).
 template <bool STREAM, bool DEEP>
-void dispatch_copy(dim3 grid, cudaStream_t st, const void* x, int64_t rb, const void* sx,
-                   int64_t sb, const void* idx, bool idx64, int64_t T, int K, int E, int SB,
-                   const int32_t* lrank, const int32_t* base, void* out, void* sout,
-                   int32_t* row_map, int parts) {
-#define MOE_COPY(V, U) launch_copy<V, STREAM, U>(grid, st, x, rb, sx, sb, idx, idx64, T, K, E, SB, lrank, base, out, sout, row_map, parts)
-  if (rb % 16 == 0 && aligned<uint4>(x) && aligned<uint4>(out)) MOE_COPY(uint4, DEEP ? 8 : 4);
-  else if (rb % 8 == 0 && aligned<uint2>(x) && aligned<uint2>(out)) MOE_COPY(uint2, 8);
-  else if (rb % 4 == 0 && aligned<uint32_t>(x) && aligned<uint32_t>(out)) MOE_COPY(uint32_t, 8);
-  else if (rb % 2 == 0 && aligned<uint16_t>(x) && aligned<uint16_t>(out)) MOE_COPY(uint16_t, 16);
-  else MOE_COPY(uint8_t, 16);
-#undef MOE_COPY
+void dispatch_copy(const CopyArgs& a, int parts, cudaStream_t st) {
+  const int64_t rb = a.rb;
+  if (rb % 16 == 0 && aligned<uint4>(a.x) && aligned<uint4>(a.out)) launch_copy<uint4, STREAM, DEEP ? 8 : 4>(a, parts, st);
+  else if (rb % 8 == 0 && aligned<uint2>(a.x) && aligned<uint2>(a.out)) launch_copy<uint2, STREAM, 8>(a, parts, st);
+  else if (rb % 4 == 0 && aligned<uint32_t>(a.x) && aligned<uint32_t>(a.out)) launch_copy<uint32_t, STREAM, 8>(a, parts, st);
+  else if (rb % 2 == 0 && aligned<uint16_t>(a.x) && aligned<uint16_t>(a.out)) launch_copy<uint16_t, STREAM, 16>(a, parts, st);
+  else launch_copy<uint8_t, STREAM, 16>(a, parts, st);
+}
+
+int warp_copy(const CopyArgs& a, int variant, cudaStream_t st) {
+  const int parts = 1 << ((variant >> 2) & 3);
+  switch (variant & 3) {
+    case 0: dispatch_copy<false, false>(a, parts, st); break;
+    case 1: dispatch_copy<true, false>(a, parts, st); break;
+    case 2: dispatch_copy<false, true>(a, parts, st); break;
+    default: dispatch_copy<true, true>(a, parts, st); break;
+  }
+  MOE_CHECK_LAUNCH("permute_copy_kernel");
+  return 0;
+}
+
+// Blocks per SM of a bulk kernel with `smem` bytes, asked once per (kernel, smem, device): the
+// attribute and occupancy calls cost host time on every permute otherwise.
+int bulk_blocks_per_sm(const void* kern, int smem, int dev) {
+  struct Entry { const void* k; int smem, dev, per_sm; };
+  static Entry cache[64];
+  static int n = 0;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  for (int i = 0; i < n; ++i)
+    if (cache[i].k == kern && cache[i].smem == smem && cache[i].dev == dev) return cache[i].per_sm;
+  if (smem > 48 * 1024 &&
+      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+    return -1;
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 32, smem) != cudaSuccess) return -1;
+  if (n < 64) cache[n++] = Entry{kern, smem, dev, per_sm};
+  return per_sm;
+}
+
+template <int NBUF, bool EF>
+int launch_bulk(const CopyArgs& a, int64_t chunk, int64_t nchunk, int dev, cudaStream_t st) {
+  auto kern = permute_bulk_kernel<NBUF, EF>;
+  const int smem = (int)(NBUF * chunk);
+  const int per_sm = bulk_blocks_per_sm(reinterpret_cast<const void*>(kern), smem, dev);
+  if (per_sm < 1) return fail("permute_bulk_kernel: no occupancy for its shared memory");
+  int sms = 132;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const unsigned grid = (unsigned)std::min<int64_t>(a.T * nchunk, (int64_t)sms * per_sm);
+  kern<<<grid, 32, smem, st>>>(static_cast<const uint8_t*>(a.x), a.rb, chunk, nchunk,
+                               static_cast<const uint8_t*>(a.sx), a.sb, a.idx, a.idx64, a.T, a.K,
+                               a.E, a.SB, a.lrank, a.base, a.estart, static_cast<uint8_t*>(a.out),
+                               static_cast<uint8_t*>(a.sout), a.row_map);
+  MOE_CHECK_LAUNCH("permute_bulk_kernel");
+  return 0;
+}
+
+// Bulk-copy path, when the GPU has it (sm_90+) and rows are 16-byte multiples at 16-byte aligned
+// addresses; returns 1 when it does not apply. variant bit 0: L2 evict-first hint on the stores;
+// bits 5-6: buffers per block 3 (0), 2, 3 or 4; bit 7: chunks of <= 4 KB, not <= 16 KB.
+int bulk_copy(const CopyArgs& a, int variant, int dev, cudaStream_t st) {
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (major < 9 || a.rb % 16 != 0 || !aligned<uint4>(a.x) || !aligned<uint4>(a.out)) return 1;
+  const int64_t cap = (variant & 128) ? 4096 : 16384;
+  const int64_t nchunk = cdiv(a.rb, cap), chunk = cdiv(cdiv(a.rb, nchunk), 16) * 16;
+  const int nb = (variant >> 5) & 3;
+  const bool ef = variant & 1;
+#define MOE_BULK(N) return ef ? launch_bulk<N, true>(a, chunk, nchunk, dev, st) : launch_bulk<N, false>(a, chunk, nchunk, dev, st)
+  if (nb == 1) MOE_BULK(2);
+  if (nb == 3) MOE_BULK(4);
+  MOE_BULK(3);
+#undef MOE_BULK
 }
 
 // variant bit 1: 2 vectors per row in flight for K <= 8 (more registers, fewer warps)
@@ -603,8 +736,8 @@ const char* moe_last_error(void) { return g_err; }
 size_t moe_permute_workspace_bytes(int64_t n_slots, int E) {
   const int64_t sb = (int64_t)kThreads * slot_items(n_slots);
   const int64_t nb = cdiv(std::max<int64_t>(n_slots, 1), sb);
-  // lrank [n] + counts/base [nb*E] + estart [E] + ecount [E] + total [1]
-  return sizeof(int32_t) * (size_t)(n_slots + nb * E + 2 * (int64_t)E + 1);
+  // lrank [n] + counts/base [nb*E] + estart [E] + ecount [E] + total [1] + scan arrivals [1]
+  return sizeof(int32_t) * (size_t)(n_slots + nb * E + 2 * (int64_t)E + 2);
 }
 
 int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int64_t s_row_bytes,
@@ -623,6 +756,7 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
   int32_t* estart = base + (int64_t)NB * E;
   int32_t* ecount = estart + E;
   int32_t* total = ecount + E;
+  unsigned* done = reinterpret_cast<unsigned*>(total + 1);
   const bool idx64 = idx_bytes == 8;
 
   int dev = 0;
@@ -640,36 +774,23 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
         cudaFuncSetAttribute(route_rank_kernel<I>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
                              (int)smem_rank) != cudaSuccess)                                \
       return fail("route_rank_kernel: too many experts for shared memory");                 \
-    route_rank_kernel<I><<<NB, kThreads, smem_rank, stream>>>(idx, idx64, n, E, lrank, base); \
+    route_rank_kernel<I><<<NB, kThreads, smem_rank, stream>>>(idx, idx64, n, E, lrank, base, done); \
     break;
   switch (items) { MOE_RANK(1) MOE_RANK(2) MOE_RANK(4) MOE_RANK(8) MOE_RANK(16) }
 #undef MOE_RANK
   MOE_CHECK_LAUNCH("route_rank_kernel");
-  const size_t smem_scan = sizeof(int32_t) * (size_t)E;
-  if (smem_scan > 12 * 1024 &&  // + ~34 KB static
-      cudaFuncSetAttribute(route_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           (int)smem_scan) != cudaSuccess)
-    return fail("route_scan_kernel: too many experts for shared memory");
-  route_scan_kernel<<<1, dim3(32, 32), smem_scan, stream>>>(base, NB, E, pad, tpe, estart, ecount,
-                                                            total, host_total);
+  route_scan_kernel<<<(unsigned)cdiv(E, 32), dim3(32, 32), 0, stream>>>(base, NB, E, pad, tpe, estart,
+                                                                     ecount, total, host_total, done);
   MOE_CHECK_LAUNCH("route_scan_kernel");
   if (wait) {
     cudaError_t e = cudaEventRecord(hs->ev[slot], stream);
     if (e != cudaSuccess) return fail("moe_permute: event record", e);
   }
-  const int parts = 1 << ((variant >> 2) & 3);
-  const dim3 grid((unsigned)cdiv(T * parts, kWarps));
   if (T > 0) {
-    const int64_t sb = scales ? s_row_bytes : 0;
-#define MOE_DC(S, D) dispatch_copy<S, D>(grid, stream, x, x_row_bytes, scales, sb, idx, idx64, T, K, E, SB, lrank, base, out, out_scales, row_map, parts)
-    switch (variant & 3) {
-      case 0: MOE_DC(false, false); break;
-      case 1: MOE_DC(true, false); break;
-      case 2: MOE_DC(false, true); break;
-      default: MOE_DC(true, true); break;
-    }
-#undef MOE_DC
-    MOE_CHECK_LAUNCH("permute_copy_kernel");
+    const CopyArgs a{x, x_row_bytes, scales, scales ? s_row_bytes : 0, idx, idx64, T, K, E, SB,
+                     lrank, base, estart, out, out_scales, row_map};
+    const int rc = (variant & 16) ? 1 : bulk_copy(a, variant, dev, stream);
+    if (rc < 0 || (rc == 1 && warp_copy(a, variant, stream) < 0)) return -1;
   }
   if (pad > 1) {
     zero_pad_kernel<<<E, kThreads, 0, stream>>>(static_cast<uint8_t*>(out), x_row_bytes,

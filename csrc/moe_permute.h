@@ -21,9 +21,12 @@ size_t moe_permute_workspace_bytes(int64_t n_slots, int E);
 // -1 = skipped; pad > 1 pads each expert to a multiple of pad with zero rows. Writes row_map
 // [T, K] int32 and tokens_per_expert [E] int32. out must hold T*K + E*(pad-1) rows.
 // wait != 0: returns the row count R, waiting only for the index kernels (the copy stays queued).
-// wait == 0: returns 0 without waiting. variant (tuning; 0 is the measured best on the H200;
-// bits 2-3 choose 1, 2, 4 or 8 warps per token in the copy):
-// bit 0 = streaming (evict-first) loads/stores, bit 1 = 8 vectors per lane in flight, not 4.
+// wait == 0: returns 0 without waiting. variant (tuning knobs; 0 is the default):
+// bit 4 = per-warp register copy instead of the bulk-copy (TMA) one (which needs sm_90+ and
+// 16-byte rows; without them the warp copy runs). Bulk copy: bit 0 = L2 evict-first hint on the
+// stores, bits 5-6 = 3 (0), 2, 3 or 4 buffers per block, bit 7 = row chunks <= 4 KB not 16 KB.
+// Warp copy: bit 0 = streaming loads/stores, bit 1 = 8 vectors per lane in flight, not 4,
+// bits 2-3 = 1, 2, 4 or 8 warps per token.
 int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int64_t s_row_bytes,
                     const void* idx, int idx_bytes, int64_t T, int K, int E, int pad, void* out,
                     void* out_scales, int32_t* row_map, int32_t* tokens_per_expert,
