@@ -131,10 +131,137 @@ def _triton_case(T, H, K, E, pad, fp8, idt):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="runs in the subprocess of test_triton_interpreter")
+@pytest.mark.parametrize("tma", [1, 0], ids=["tma", "plain"])
 @pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: "x".join(map(str, c[:5])))
-def test_triton_matches_reference(case):
+def test_triton_matches_reference(case, tma, monkeypatch):
+    from moebench.ops import triton_impl
+    monkeypatch.setattr(triton_impl, "COPY_TMA", tma)
     ops._status.clear()
     _triton_case(*case)
+
+
+class _LaunchSpy:
+    """Stands in for a Triton kernel; counts launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+def _spy_copies(monkeypatch):
+    from moebench.ops import triton_impl
+    spies = {name: _LaunchSpy(getattr(triton_impl, name)) for name in ("_permute_copy", "_permute_copy_tma")}
+    for name, spy in spies.items():
+        monkeypatch.setattr(triton_impl, name, spy)
+    return triton_impl, spies
+
+
+TMA_CASES = [  # T, H, K, E, pad, fp8, COPY_BH; bf16 row = H / 2 words, fp8 row = H / 4 words
+    (9, 1536, 4, 6, 0, False, 1024),    # W 768 as [R, 3, 256], box [1, 4, 256] clipped at 3
+    (7, 512, 1, 3, 0, False, 1024),     # K 1; W 256: one box per row
+    (5, 1024, 2, 64, 8, False, 256),    # most experts get no tokens; padding; 1 KB boxes
+    (11, 1024, 8, 16, 4, True, 512),    # fp8 (W 256) with scales, padding
+    (6, 1000, 3, 4, 2, False, 1024),    # W 500 as [R, 1, 500], boxes of 256 clipped at 500
+    (4, 24, 2, 3, 0, False, 1024),      # W 12, box of 16 words clipped at 12
+    (8, 4096, 8, 8, 0, False, 4096),    # W 2048, box [1, 8, 256] (128-byte swizzle on the GPU)
+]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="runs in the subprocess of test_triton_interpreter")
+@pytest.mark.parametrize("case", TMA_CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-bh{c[6]}")
+def test_triton_tma_matches_reference(case, monkeypatch):
+    """The TMA copy (the interpreter emulates tensor descriptors) against the torch reference,
+    bitwise, with masked slots, a fully masked token, and the plain copy kernel as a cross-check."""
+    T, H, K, E, pad, fp8, bh = case
+    ti, spies = _spy_copies(monkeypatch)
+    monkeypatch.setattr(ti, "COPY_BH", bh)
+    ops._status.clear()
+    x = payload(T, H)
+    scales = None
+    if fp8:
+        x = x.float().to(torch.float8_e4m3fn)
+        scales = torch.rand(T, H // 128 + 1)
+    idx = make_routing(T, K, E, mask_frac=0.3, seed=T * H + K)
+    idx[T // 2] = -1                                             # a token with no destination
+    want = ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl="torch")
+    for tma in (1, 0):
+        monkeypatch.setattr(ti, "COPY_TMA", tma)
+        got = ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl="triton")
+        assert_same_permute(got, want)
+        got_n = ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl="triton",
+                            num_out_rows=want.x_RH.shape[0])
+        assert_same_permute(got_n, want)
+    assert spies["_permute_copy_tma"].launches == 2 and spies["_permute_copy"].launches == 2
+
+
+@pytest.mark.skipif(not INTERPRET, reason="runs in the subprocess of test_triton_interpreter")
+@pytest.mark.parametrize("H", [1536, 1000])
+def test_triton_tma_writes_only_its_rows(H):
+    """Kernel level: into an output prefilled with a sentinel, _permute_copy_tma writes each valid
+    slot's row and nothing else (no clipped box spills into the next row; masked slots, padding
+    rows and rows past the count keep the sentinel)."""
+    from moebench.ops import triton_impl as ti
+    T, K, E, pad = 10, 3, 7, 4
+    x = payload(T, H)
+    idx = make_routing(T, K, E, mask_frac=0.3, seed=H).contiguous()   # the kernels take it so
+    idx[3] = -1
+    lrank, base, *_, SB = ti.route(idx, E, pad)
+    r_max = T * K + E * (pad - 1)
+    out = torch.full((r_max, H), -7, dtype=torch.int16).view(torch.bfloat16)
+    row_map = torch.empty((T, K), dtype=torch.int32)
+    xw, ow = ti._words(x), ti._words(out)
+    W = xw.shape[1]
+    desc, NC, BW, NB, BB = ti._tma_desc(ow, r_max, W)
+    ti._permute_copy_tma[(T,)](xw, xw, desc, ow, idx, lrank, base, row_map, W, 0, E, SB, NC, BW,
+                               K=K, KP=4, NB=NB, BB=BB, HAS_S=False, BS=16)
+    want = ops.permute(x, idx, E, pad_multiple=pad, impl="torch")
+    assert torch.equal(row_map, want.row_map_TK)
+    valid = row_map >= 0
+    rows = row_map[valid].long()
+    tok = torch.arange(T)[:, None].expand(T, K)[valid]
+    got = out.view(torch.int16)
+    assert torch.equal(got[rows], x.view(torch.int16)[tok])
+    untouched = torch.ones(r_max, dtype=torch.bool)
+    untouched[rows] = False
+    assert untouched.sum() > E                                   # padding gaps and the tail exist
+    assert bool((got[untouched] == -7).all())
+
+
+@pytest.mark.skipif(not INTERPRET, reason="runs in the subprocess of test_triton_interpreter")
+def test_triton_tma_fallback_selection(monkeypatch):
+    """Rows that are not a multiple of 16 bytes, and COPY_TMA 0, take the plain copy kernel."""
+    ti, spies = _spy_copies(monkeypatch)
+    ops._status.clear()
+    idx = make_routing(6, 2, 3, seed=1)
+    for H, tma, used in ((20, 1, "_permute_copy"), (6, 1, "_permute_copy"), (256, 0, "_permute_copy"),
+                         (256, 1, "_permute_copy_tma")):
+        monkeypatch.setattr(ti, "COPY_TMA", tma)
+        before = spies[used].launches
+        x = payload(6, H).float().to(torch.float8_e4m3fn) if H == 20 else payload(6, H)
+        assert_same_permute(ops.permute(x, idx, 3, impl="triton"), ops.permute(x, idx, 3, impl="torch"))
+        assert spies[used].launches == before + 1, (H, tma)
+
+
+def test_tma_desc_choice(monkeypatch):
+    """Host side of the TMA path (no kernel runs): when it applies, and the box it picks."""
+    pytest.importorskip("triton")
+    from moebench.ops import triton_impl as ti
+    if not INTERPRET:
+        assert not ti._tma_device(torch.device("cpu"))
+    assert ti._tma_desc(torch.zeros(4, 6, dtype=torch.int32), 4, 6) is None     # 24-byte rows
+    assert ti._tma_desc(torch.zeros(4, 8, dtype=torch.int16), 4, 8) is None     # not int32 words
+    ow = torch.zeros(5, 3584, dtype=torch.int32)                               # H 7168 bf16
+    for bh, nb in ((1024, 4), (128, 1), (1536, 4), (4096, 16), (8192, 16)):
+        monkeypatch.setattr(ti, "COPY_BH", bh)
+        desc, NC, BW, NB, BB = ti._tma_desc(ow, 5, 3584)
+        assert (NC, BW, NB, BB) == (14, 256, nb, 256), bh
+        assert list(desc.shape) == [5, 14, 256] and list(desc.strides) == [3584, 256, 1]
+        assert list(desc.block_shape) == [1, nb, 256]
+    desc, NC, BW, NB, BB = ti._tma_desc(torch.zeros(5, 500, dtype=torch.int32), 5, 500)
+    assert (NC, BW, NB, BB) == (1, 500, 1, 256) and list(desc.strides) == [500, 500, 1]
 
 
 @pytest.mark.skipif(INTERPRET or torch.cuda.is_available(), reason="runs the cases directly")
@@ -143,7 +270,7 @@ def test_triton_interpreter():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                        __file__, "-k", "triton_matches_reference or hypothesis_triton"],
+                        __file__, "-k", "triton_matches_reference or hypothesis_triton or triton_tma"],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
 

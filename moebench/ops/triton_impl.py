@@ -5,9 +5,13 @@ Permute runs in three launches, no host sync before the copy:
    each slot its stable rank among the block's slots of the same expert, and a histogram the
    block's per-expert counts.
 2. ``_route_scan``: one program turns the [NB, E] counts into each block's first row per expert
-   (expert starts padded to ``pad_multiple``), tokens per expert, and the row count.
+   (expert starts padded to ``pad_multiple``), tokens per expert, and the row count (also
+   stored to a pinned host slot, so the host waits on one event, not a copy).
 3. ``_permute_copy``: one program per token reads its row once and stores it to its K rows
    (row = block base + rank), writing row_map on the way; fp8 scales ride along.
+   ``_permute_copy_tma`` does the same with each row write as a TMA bulk store through a host
+   tensor descriptor (Hopper+, rows a multiple of 16 bytes; knob COPY_TMA), else
+   ``_permute_copy`` runs.
 Payload rows are copied as raw words (int32 when the row is a multiple of 4 bytes), so bf16 and
 fp8 share one kernel.
 """
@@ -19,6 +23,11 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - Triton without host-side tensor descriptors (< 3.3)
+    TensorDescriptor = None
 
 
 def _interpreter_numpy_shim() -> None:
@@ -46,6 +55,13 @@ COPY_BH = int(os.environ.get("MOEBENCH_TRITON_COPY_BH", "1024"))     # words per
 COPY_WARPS = int(os.environ.get("MOEBENCH_TRITON_COPY_WARPS", "4"))
 UNPERM_BH = int(os.environ.get("MOEBENCH_TRITON_UNPERM_BH", "1024"))  # elements per chunk
 UNPERM_WARPS = int(os.environ.get("MOEBENCH_TRITON_UNPERM_WARPS", "4"))
+# 1: permute's row writes are TMA bulk stores (``_permute_copy_tma``) where the device and the
+# shape allow it (compute capability >= 9, or the interpreter; rows a multiple of 16 bytes);
+# 0 (default): the plain ``_permute_copy``. On the H200 both kernels take the same time (149 vs
+# 148 us at T 4096, H 7168, bench/results/permute-h200-tune.jsonl) and the descriptor costs host
+# time, so TMA is opt-in.
+COPY_TMA = int(os.environ.get("MOEBENCH_TRITON_COPY_TMA", "0"))
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -67,9 +83,10 @@ def _route_rank(idx_ptr, n_slots, E, lrank_ptr, counts_ptr, SB: tl.constexpr, EP
 
 
 @triton.jit
-def _route_scan(counts_ptr, NB, E, pad, tpe_ptr, estart_ptr, ecount_ptr, total_ptr,
-                BB: tl.constexpr, EB: tl.constexpr):
-    """counts [NB, E] -> in place, each block's first output row per expert."""
+def _route_scan(counts_ptr, NB, E, pad, tpe_ptr, estart_ptr, ecount_ptr, total_ptr, host_ptr, slot,
+                BB: tl.constexpr, EB: tl.constexpr, HOST: tl.constexpr):
+    """counts [NB, E] -> in place, each block's first output row per expert. HOST: the row count
+    also goes to host_ptr[slot], pinned host memory the GPU writes directly."""
     carry = tl.sum(tl.zeros([EB], tl.int32), 0)
     for e0 in range(0, E, EB):
         eo = e0 + tl.arange(0, EB)
@@ -98,11 +115,13 @@ def _route_scan(counts_ptr, NB, E, pad, tpe_ptr, estart_ptr, ecount_ptr, total_p
             run += tl.sum(c, 0)
         carry += tl.sum(padded, 0)
     tl.store(total_ptr, carry)
+    if HOST:
+        tl.store(host_ptr + slot, carry)
 
 
 @triton.jit
 def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr, row_map_ptr,
-                  T, W, WS, E, SB, K: tl.constexpr, KP: tl.constexpr, BH: tl.constexpr,
+                  W, WS, E, SB, K: tl.constexpr, KP: tl.constexpr, BH: tl.constexpr,
                   HAS_S: tl.constexpr, BS: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     ks = tl.arange(0, KP)
@@ -121,6 +140,50 @@ def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr,
         tl.store(out_ptr + row64[:, None] * W + h[None, :], tl.broadcast_to(v[None, :], (KP, BH)),
                  mask=ok[:, None] & mh[None, :])
     if HAS_S:
+        hs = tl.arange(0, BS)
+        ms = hs < WS
+        v = tl.load(s_ptr + t * WS + hs, mask=ms)
+        tl.store(outs_ptr + row64[:, None] * WS + hs[None, :], tl.broadcast_to(v[None, :], (KP, BS)),
+                 mask=ok[:, None] & ms[None, :])
+
+
+@triton.jit
+def _permute_copy_tma(x_ptr, s_ptr, out_desc, outs_ptr, idx_ptr, lrank_ptr, base_ptr, row_map_ptr,
+                      W, WS, E, SB, NC, BW, K: tl.constexpr, KP: tl.constexpr, NB: tl.constexpr,
+                      BB: tl.constexpr, HAS_S: tl.constexpr, BS: tl.constexpr):
+    """``_permute_copy`` with the K row writes as TMA bulk stores (Hopper+).
+
+    ``out_desc``: host-side descriptor over the output words viewed as [R, NC, BW] (strides
+    [W, BW, 1], NC * BW == W), block [1, NB, BB]. The row chunk is loaded once into registers
+    (plain loads) and stored to each valid destination row with one descriptor store per row;
+    TMA clips the parts of a box past NC / BW, so ragged tails need no mask. Masked slots are
+    skipped by a scalar branch (their row is -1, which TMA would also clip, but nothing relies on
+    that)."""
+    t = tl.program_id(0).to(tl.int64)
+    ks = tl.arange(0, KP)
+    mk = ks < K
+    s = t * K + ks
+    e = tl.load(idx_ptr + s, mask=mk, other=-1).to(tl.int32)
+    ok = mk & (e >= 0) & (e < E)
+    row = (tl.load(base_ptr + (s // SB) * E + e, mask=ok, other=0)
+           + tl.load(lrank_ptr + s, mask=ok, other=0))
+    row = tl.where(ok, row, -1)
+    tl.store(row_map_ptr + s, row, mask=mk)
+    ci0 = tl.arange(0, NB)
+    wi0 = tl.arange(0, BB)
+    for c0 in range(0, NC, NB):
+        ci = c0 + ci0
+        for w0 in range(0, BW, BB):
+            wi = w0 + wi0
+            v = tl.load(x_ptr + t * W + ci[:, None] * BW + wi[None, :],
+                        mask=(ci[:, None] < NC) & (wi[None, :] < BW))
+            v3 = tl.reshape(v, [1, NB, BB])
+            for k in tl.static_range(K):
+                rk = tl.sum(tl.where(ks == k, row, 0), 0)     # loop-invariant: hoisted
+                if rk >= 0:
+                    out_desc.store([rk, c0, w0], v3)
+    if HAS_S:
+        row64 = tl.where(ok, row, 0).to(tl.int64)
         hs = tl.arange(0, BS)
         ms = hs < WS
         v = tl.load(s_ptr + t * WS + hs, mask=ms)
@@ -202,16 +265,17 @@ def _pow2(n: int) -> int:
 
 
 def _slot_block(n_slots: int) -> int:
-    return min(4096, max(256, _pow2(triton.cdiv(n_slots, 128))))
+    return min(4096, max(256, _pow2(-(-n_slots // 128))))
 
 
-def route(topk_idx_TK: Tensor, num_experts: int, pad_multiple: int):
-    """Launch index kernels. Returns (lrank, base [NB*E], tpe, estart, ecount, total, SB)."""
+def route(topk_idx_TK: Tensor, num_experts: int, pad_multiple: int, host=None):
+    """Launch index kernels. Returns (lrank, base [NB*E], tpe, estart, ecount, total, SB).
+    host: (pinned int32 tensor, slot) that also receives the row count."""
     n = topk_idx_TK.numel()
     E = num_experts
     dev = topk_idx_TK.device
     SB = _slot_block(n)
-    NB = triton.cdiv(n, SB)
+    NB = -(-n // SB)  # triton.cdiv costs microseconds of host time per call
     lrank = torch.empty(n, dtype=torch.int32, device=dev)
     ws = torch.empty(NB * E + 2 * E + 1, dtype=torch.int32, device=dev)
     tpe = torch.empty(E, dtype=torch.int32, device=dev)  # own storage: it is returned
@@ -220,44 +284,71 @@ def route(topk_idx_TK: Tensor, num_experts: int, pad_multiple: int):
     _route_rank[(NB,)](topk_idx_TK, n, E, lrank, base, SB=SB, EP=_pow2(E + 1), num_warps=4)
     # 64 x 64 tiles, 4 warps: 16.4 us at E 256 on the H200; one [128, 256] tile with 16 warps
     # was slower (20 us), so the tiles stay small
-    _route_scan[(1,)](base, NB, E, pad_multiple, tpe, estart, ecount, total, BB=64, EB=64,
-                      num_warps=4)
+    host_t, slot = host if host is not None else (total, 0)
+    _route_scan[(1,)](base, NB, E, pad_multiple, tpe, estart, ecount, total, host_t, slot, BB=64,
+                      EB=64, HOST=host is not None, num_warps=4)
     return lrank, base, tpe, estart, ecount, total, SB
 
 
-class _RowCount:
-    """Copy the device row count into a slot of a pinned host ring on a side stream, so the
-    caller can wait for it while the copy kernel, launched after this, keeps the GPU busy.
-    Ring, events and stream are made once per device: per-call pinned allocations and event
-    creation cost more host time than the kernels at small shapes."""
+_TMA_DEVICES: dict = {}
+
+
+def _tma_device(dev: torch.device) -> bool:
+    """TMA descriptors work here: a Hopper+ GPU, or the interpreter (which emulates them)."""
+    ok = _TMA_DEVICES.get(dev)
+    if ok is None:
+        ok = _INTERPRET or (dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9)
+        _TMA_DEVICES[dev] = ok
+    return ok
+
+
+def _tma_desc(ow: Tensor, r_max: int, W: int):
+    """Descriptor for ``_permute_copy_tma`` over the output words ow [r_max, W], or None when the
+    TMA path cannot take the shape (then ``_permute_copy`` runs).
+
+    Box shape: TMA boxes hold at most 256 elements per dimension, so one [1, 256] box over the
+    [R, W] row moves only 1 KB. When W is a multiple of 256 words (every benchmark shape: H 2048,
+    4096, 7168 in bf16 or fp8), rows are viewed as [R, W / 256, 256] and one box [1, NB, 256] moves
+    NB KB (NB = COPY_BH / 256 boxes, so COPY_BH stays the words per chunk, as in the plain kernel);
+    a box past W / 256 is clipped by TMA, so W / 256 need not be a multiple of NB. Other rows (a
+    multiple of 16 bytes, as TMA strides must be) are viewed as [R, 1, W] and written in boxes of
+    [1, 1, <= 256] words, the last one clipped at W. Triton picks the staging buffer's swizzle:
+    none up to NB 4 (COPY_BH <= 1024), so a store is one TMA message of up to 4 KB; from NB 8 on
+    it picks 128-byte swizzle and splits each store into 8 messages of [1, NB, 32] words (seen in
+    the sm_90 PTX). Host-side descriptor rather than ``tl.make_tensor_descriptor``: no per-launch
+    scratch allocation through ``triton.set_allocator`` (a context variable, unset in other
+    threads) and no per-program descriptor build on the device. Host cost: one
+    ``TensorDescriptor`` (about 1 us of Python) here, plus one cuTensorMapEncodeTiled in Triton's
+    launcher."""
+    if TensorDescriptor is None or ow.dtype != torch.int32 or W <= 0 or W % 4 or ow.data_ptr() % 16:
+        return None
+    if W % 256 == 0:
+        BW, NC, BB = 256, W // 256, 256
+        NB = min(1 << (max(1, COPY_BH // 256).bit_length() - 1), _pow2(NC))   # powers of 2
+    else:
+        BW, NC, BB, NB = W, 1, min(256, _pow2(W)), 1
+    return TensorDescriptor(ow, [r_max, NC, BW], [W, BW, 1], [1, NB, BB]), NC, BW, NB, BB
+
+
+class _HostRing:
+    """Pinned int32 slots that the scan kernel writes the row count into (pinned memory is
+    mapped into the GPU's address space), one event each, made once per device. The caller
+    records the slot's event after the scan, launches the copy, then waits on the event alone:
+    no side stream and no device-to-host copy (those cost more host time than the kernels)."""
 
     SLOTS = 64
     _rings: dict = {}
 
-    def __init__(self, total: Tensor):
-        self.total = total
-        if total.device.type != "cuda":
-            return
-        dev = total.device
-        if dev not in self._rings:
-            self._rings[dev] = dict(host=torch.zeros(self.SLOTS, dtype=torch.int32, pin_memory=True),
-                                    events=[torch.cuda.Event() for _ in range(self.SLOTS)],
-                                    stream=torch.cuda.Stream(dev), next=0)
-        ring = self._rings[dev]
-        self.slot = ring["next"] % self.SLOTS
+    @classmethod
+    def take(cls, dev: torch.device):
+        ring = cls._rings.get(dev)
+        if ring is None:
+            host = torch.full((cls.SLOTS,), -1, dtype=torch.int32, pin_memory=True)
+            ring = cls._rings[dev] = dict(host=host, view=host.numpy(), next=0,
+                                          events=[torch.cuda.Event() for _ in range(cls.SLOTS)])
+        slot = ring["next"] % cls.SLOTS
         ring["next"] += 1
-        self.host, self.event, side = ring["host"], ring["events"][self.slot], ring["stream"]
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            self.host[self.slot].copy_(total[0], non_blocking=True)
-            self.event.record(side)
-        total.record_stream(side)
-
-    def get(self) -> int:
-        if self.total.device.type != "cuda":
-            return int(self.total.item())
-        self.event.synchronize()
-        return int(self.host[self.slot])
+        return ring, slot
 
 
 def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tensor | None,
@@ -277,8 +368,13 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
         row_map.fill_(-1)
         tpe = torch.zeros(E, dtype=torch.int32, device=dev)
         return out[:0], (out_s[:0] if out_s is not None else None), row_map, tpe
-    lrank, base, tpe, estart, ecount, total, SB = route(idx, E, pad_multiple)
-    count = _RowCount(total) if num_out_rows < 0 else None
+    ring = None
+    if num_out_rows < 0 and dev.type == "cuda":
+        ring, slot = _HostRing.take(dev)
+    lrank, base, tpe, estart, ecount, total, SB = route(idx, E, pad_multiple,
+                                                        (ring["host"], slot) if ring else None)
+    if ring:
+        ring["events"][slot].record()
     xw, ow = _words(x_TH), _words(out)
     W = xw.shape[1]
     has_s = scales_TS is not None
@@ -287,12 +383,23 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
     WS = sw.shape[1] if has_s else 0
     BS = _pow2(max(WS, 16))
     BH = min(COPY_BH, _pow2(W))
-    _permute_copy[(T,)](xw, sw, ow, osw, idx, lrank, base, row_map, T, W, WS, E, SB, K=K,
-                        KP=_pow2(K), BH=BH, HAS_S=has_s, BS=BS, num_warps=COPY_WARPS)
+    tma = _tma_desc(ow, r_max, W) if COPY_TMA and _tma_device(dev) else None
+    if tma is not None:
+        desc, NC, BW, NB, BB = tma
+        _permute_copy_tma[(T,)](xw, sw, desc, osw, idx, lrank, base, row_map, W, WS, E, SB, NC, BW,
+                                K=K, KP=_pow2(K), NB=NB, BB=BB, HAS_S=has_s, BS=BS,
+                                num_warps=COPY_WARPS)
+    else:
+        _permute_copy[(T,)](xw, sw, ow, osw, idx, lrank, base, row_map, W, WS, E, SB, K=K,
+                            KP=_pow2(K), BH=BH, HAS_S=has_s, BS=BS, num_warps=COPY_WARPS)
     if pad_multiple > 1:
         _zero_pad[(E,)](ow, osw, estart, ecount, tpe, W, WS, BH=BH, HAS_S=has_s, BS=BS,
                         num_warps=4)
-    R = count.get() if count is not None else int(num_out_rows)
+    if ring:
+        ring["events"][slot].synchronize()
+        R = int(ring["view"][slot])
+    else:
+        R = int(num_out_rows) if num_out_rows >= 0 else int(total.item())
     return out[:R], (out_s[:R] if has_s else None), row_map, tpe
 
 
@@ -322,6 +429,6 @@ def sort_chunks_by_idxs(x_RH: Tensor, split_sizes_C: Tensor, sorted_idxs_C: Tens
     CP = _pow2(C)
     BR = max(1, min(16, 4096 // CP))
     BH = min(max(16, 4096 // BR), _pow2(W))
-    _sort_chunks[(triton.cdiv(R, BR),)](xw, ow, split_sizes_C.contiguous(), sorted_idxs_C.contiguous(),
+    _sort_chunks[(-(-R // BR),)](xw, ow, split_sizes_C.contiguous(), sorted_idxs_C.contiguous(),
                                         R, W, C, CP=CP, BR=BR, BH=BH, num_warps=4)
     return out
