@@ -8,11 +8,12 @@ of --iters. Effective GB/s counts unique bytes: permute reads T*H and writes R*H
 slots, T*K without masked slots), unpermute the reverse; fp8 adds the scales. The device-to-
 device copy bandwidth (read + write) is measured in the same run and every row reports its
 fraction. Tuning knobs for sweeps: ``cuda@V`` (variant bits, see csrc/moe_permute.h) and
-``triton@COPY_BH:COPY_WARPS:UNPERM_BH:UNPERM_WARPS``.
+``triton@COPY_BH:COPY_WARPS:UNPERM_BH:UNPERM_WARPS:COPY_TMA``.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -58,6 +59,8 @@ def parse_args(argv):
     p.add_argument("--plot", default=None, help="PNG: GB/s per impl and shape with the copy line")
     p.add_argument("--no-flush", action="store_true", help="do not flush L2 between iterations")
     p.add_argument("--profile", action="store_true", help="also record per-kernel times (profiler)")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="also write a Chrome trace (host + GPU) of 4 timed iterations per row to DIR")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     if a.iters < 1:
@@ -96,20 +99,21 @@ class Bench:
             out.append((time.perf_counter() - t0) * 1e6)
         return statistics.median(out)
 
-    def time(self, fn) -> list[float]:
+    def time(self, fn, iters=None) -> list[float]:
         """Per-iteration microseconds: CUDA events (GPU) or perf_counter (CPU)."""
+        iters = iters or self.iters
         for _ in range(3):
             fn()
         if not self.cuda:
             out = []
-            for _ in range(self.iters):
+            for _ in range(iters):
                 t0 = time.perf_counter()
                 fn()
                 out.append((time.perf_counter() - t0) * 1e6)
             return out
         torch.cuda.synchronize()
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(self.iters)]
+              for _ in range(iters)]
         for s, e in ev:
             if self.flush is not None:
                 self.flush.amax()  # read-only flush: leaves no dirty lines to write back
@@ -128,6 +132,14 @@ class Bench:
         return dict(copy_GBps=2 * n / med(lambda: dst.copy_(src)) / 1e3,
                     write_GBps=n / med(lambda: dst.fill_(1.0)) / 1e3,
                     read_GBps=n / med(lambda: src.amax()) / 1e3)
+
+
+def write_trace(bench, fn, path, n=4):
+    """Chrome trace (host calls and GPU kernels) of n iterations of the timed loop."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        bench.time(fn, iters=n)
+    prof.export_chrome_trace(path)
 
 
 def kernel_profile(fn, n=5) -> list[dict]:
@@ -161,9 +173,10 @@ def set_knobs(spec: str):
         cuda_impl.VARIANT_PERMUTE = cuda_impl.VARIANT_UNPERMUTE = int(knob or 0)
     elif name == "triton":
         from moebench.ops import triton_impl
-        vals = [int(v) for v in knob.split(":")] if knob else [1024, 4, 1024, 4]
-        (triton_impl.COPY_BH, triton_impl.COPY_WARPS,
-         triton_impl.UNPERM_BH, triton_impl.UNPERM_WARPS) = (vals + [1024, 4, 1024, 4][len(vals):])[:4]
+        default = [1024, 4, 1024, 4, 0]
+        vals = [int(v) for v in knob.split(":")] if knob else default
+        (triton_impl.COPY_BH, triton_impl.COPY_WARPS, triton_impl.UNPERM_BH,
+         triton_impl.UNPERM_WARPS, triton_impl.COPY_TMA) = (vals + default[len(vals):])[:5]
     return name
 
 
@@ -290,6 +303,9 @@ def run_shape(shape, a, bench, copy_GBps, device, prov, cmd):
                 if a.profile and bench.cuda:
                     rec["kernels"] = kernel_profile(fn)
                     rec["host_us"] = round(bench.host_us(fn), 1)
+                if a.trace and bench.cuda:
+                    os.makedirs(a.trace, exist_ok=True)
+                    write_trace(bench, fn, os.path.join(a.trace, f"{spec}-{op}-{T}x{H}x{K}x{E}.json"))
             rec["end_utc"] = results.utc_now()
             recs.append(rec)
     set_knobs("cuda"), set_knobs("triton")
