@@ -23,8 +23,8 @@ size_t moe_permute_workspace_bytes(int64_t n_slots, int E);
 // wait != 0: returns the row count R, waiting only for the index kernels (the copy stays queued).
 // wait == 0: returns 0 without waiting. variant (tuning knobs; 0 is the default):
 // bit 4 = per-warp register copy instead of the bulk-copy (TMA) one (which needs sm_90+ and
-// 16-byte rows; without them the warp copy runs). Bulk copy: bit 0 = L2 evict-first hint on the
-// stores, bits 5-6 = 3 (0), 2, 3 or 4 buffers per block, bit 7 = row chunks <= 4 KB not 16 KB.
+// 16-byte rows; without them the warp copy runs). Bulk copy: bit 0 = no L2 evict-first hints on
+// loads and stores, bits 5-6 = 3 (0), 2, 3 or 4 buffers per block, bit 7 = row chunks <= 4 KB not 16 KB.
 // Warp copy: bit 0 = streaming loads/stores, bit 1 = 8 vectors per lane in flight, not 4,
 // bits 2-3 = 1, 2, 4 or 8 warps per token.
 int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int64_t s_row_bytes,

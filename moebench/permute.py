@@ -2,9 +2,10 @@
 
 Per shape (T x H x K x E) and implementation (torch, triton, cuda, megatron = megatron-core's
 unfused moe_utils path, te = Transformer Engine) it checks the result against the torch oracle,
-then times the call as a user makes it (index math, host wait for the row count and all) with
-CUDA events, the L2 flushed by a read of a buffer larger than L2 before every iteration, median
-of --iters. Effective GB/s counts unique bytes: permute reads T*H and writes R*H (R = routed
+then times the call as a user makes it (index math, allocation, Python glue and all) with CUDA
+events, the L2 flushed by a read of a buffer larger than L2 before every iteration, median of
+--iters. ``permute`` is called with the row count known, as Megatron's baseline is (its
+num_out_tokens); ``permute_wait`` without it, so the host also waits for the device's count. Effective GB/s counts unique bytes: permute reads T*H and writes R*H (R = routed
 slots, T*K without masked slots), unpermute the reverse; fp8 adds the scales. The device-to-
 device copy bandwidth (read + write) is measured in the same run and every row reports its
 fraction. Tuning knobs for sweeps: ``cuda@V`` (variant bits, see csrc/moe_permute.h) and
@@ -26,7 +27,9 @@ from moebench import results
 DEFAULT_SHAPES = "4096x7168x8x256,16384x7168x8x256,8192x2048x8x128,8192x4096x8x128"
 CPU_SHAPES = "64x128x4x8"
 IMPLS = ("torch", "triton", "cuda", "megatron", "te")
-OPS = ("permute", "unpermute")
+# permute: the row count passed in (num_out_rows), as Megatron's baseline is called
+# (num_out_tokens); permute_wait: the count worked out on the device, the host waits for it.
+OPS = ("permute", "permute_wait", "unpermute")
 
 
 class UsageError(ValueError):
@@ -52,7 +55,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m moebench.permute", description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default=None, help=f"TxHxKxE,... (default {DEFAULT_SHAPES}; CPU {CPU_SHAPES})")
     p.add_argument("--impl", default=",".join(IMPLS), help="comma list of " + ", ".join(IMPLS))
-    p.add_argument("--ops", default=",".join(OPS), help="comma list of permute, unpermute")
+    p.add_argument("--ops", default=",".join(OPS), help="comma list of " + ", ".join(OPS))
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="permute payload")
     p.add_argument("--out", default=None, help="JSONL output path")
@@ -196,25 +199,25 @@ def make_case(T, H, K, E, dtype, device, seed):
 
 
 def op_fns(name, case, ref, E):
-    """(permute_fn, unpermute_fn, check) for one impl; check() -> error string or ''."""
+    """({op: fn} for the ops this impl has, check); check() -> error string or ''."""
     x, s, idx, w = case["x"], case["scales"], case["idx"], case["w"]
     y = ref["y"]
+    n_out = int(ref["perm"].x_RH.shape[0])
     if name in ("torch", "triton", "cuda"):
-        perm = lambda: ops.permute(x, idx, E, scales_TS=s, impl=name)  # noqa: E731
+        perm = lambda n=None: ops.permute(x, idx, E, scales_TS=s, impl=name, num_out_rows=n)  # noqa: E731
         unperm = lambda: ops.unpermute(y, ref["perm"].row_map_TK, w, impl=name)  # noqa: E731
 
         def check():
-            p = perm()
-            if not (torch.equal(p.row_map_TK, ref["perm"].row_map_TK)
-                    and torch.equal(p.x_RH.view(torch.uint8), ref["perm"].x_RH.view(torch.uint8))):
-                return "permute differs from the torch reference"
+            for p in (perm(), perm(n_out)):
+                if not (torch.equal(p.row_map_TK, ref["perm"].row_map_TK)
+                        and torch.equal(p.x_RH.view(torch.uint8), ref["perm"].x_RH.view(torch.uint8))):
+                    return "permute differs from the torch reference"
             return _close(unperm(), ref["unperm"])
-        return perm, unperm, check
+        return {"permute": lambda: perm(n_out), "permute_wait": perm, "unpermute": unperm}, check
     if name == "megatron":
         mu = _megatron()
         rm, probs = case["routing_map"], case["probs"]
-        n_out = int(ref["perm"].x_RH.shape[0])  # >= 0.17 requires it (argsort path, no sync)
-        sorted_idx = mu.permute(x, rm, num_out_tokens=n_out)[2]
+        sorted_idx = mu.permute(x, rm, num_out_tokens=n_out)[2]  # >= 0.17 requires num_out_tokens
         perm = lambda: mu.permute(x, rm, num_out_tokens=n_out)  # noqa: E731
         unperm = lambda: mu.unpermute(y, sorted_idx, (x.shape[0], y.shape[1]), probs=probs,  # noqa: E731
                                       routing_map=rm)
@@ -223,11 +226,10 @@ def op_fns(name, case, ref, E):
             if not torch.equal(perm()[0].view(torch.uint8), ref["perm"].x_RH.view(torch.uint8)):
                 return "megatron permute order differs from the torch reference"
             return _close(unperm(), ref["unperm"])
-        return perm, unperm, check
+        return {"permute": perm, "unpermute": unperm}, check
     if name == "te":
         import transformer_engine.pytorch as te
         rm, probs = case["routing_map"], case["probs"]
-        n_out = int(ref["perm"].x_RH.shape[0])
         row_id_map = te.moe_permute(x, rm.int(), num_out_tokens=n_out, map_type="mask")[1]
         perm = lambda: te.moe_permute(x, rm.int(), num_out_tokens=n_out, map_type="mask")  # noqa: E731
         unperm = lambda: te.moe_unpermute(y, row_id_map, merging_probs=probs,  # noqa: E731
@@ -235,7 +237,7 @@ def op_fns(name, case, ref, E):
 
         def check():
             return _close(unperm(), ref["unperm"])
-        return perm, unperm, check
+        return {"permute": perm, "unpermute": unperm}, check
     raise UsageError(f"unknown impl {name}")
 
 
@@ -259,9 +261,10 @@ def available(name) -> tuple[bool, str]:
 
 # ---------------------------------------------------------------- main loop
 def unique_bytes(op, T, H, R, case):
-    xb = case["x"].element_size() if op == "permute" else 2
+    fwd = op.startswith("permute")
+    xb = case["x"].element_size() if fwd else 2
     s = case["scales"]
-    sb = (s.shape[1] * s.element_size()) if (s is not None and op == "permute") else 0
+    sb = (s.shape[1] * s.element_size()) if (s is not None and fwd) else 0
     return (T + R) * (H * xb + sb)
 
 
@@ -283,14 +286,16 @@ def run_shape(shape, a, bench, copy_GBps, device, prov, cmd):
             recs += [dict(base, op=op, check=dict(status="WAIVED", error=why)) for op in a.op_list]
             continue
         try:
-            perm, unperm, check = op_fns(name, case, ref, E)
+            fns, check = op_fns(name, case, ref, E)
             err = check()
         except Exception as e:  # noqa: BLE001 - one impl failing must not stop the others
             err = f"{type(e).__name__}: {e}"
         for op in a.op_list:
+            if not err and op not in fns:
+                continue  # e.g. megatron has no permute_wait: it needs the row count
             rec = dict(base, op=op, check=dict(status="FAIL" if err else "PASS", error=err or None))
             if not err:
-                fn = perm if op == "permute" else unperm
+                fn = fns[op]
                 us = bench.time(fn)
                 med = statistics.median(us)
                 nbytes = unique_bytes(op, T, H, R, case)
@@ -309,8 +314,9 @@ def run_shape(shape, a, bench, copy_GBps, device, prov, cmd):
             rec["end_utc"] = results.utc_now()
             recs.append(rec)
     set_knobs("cuda"), set_knobs("triton")
-    for r in recs:  # speedup over megatron, same shape and op
-        m = next((q for q in recs if q["impl"] == "megatron" and q["op"] == r["op"] and "timing" in q), None)
+    for r in recs:  # speedup over megatron, same shape and op (its permute for permute_wait)
+        mop = "permute" if r["op"].startswith("permute") else r["op"]
+        m = next((q for q in recs if q["impl"] == "megatron" and q["op"] == mop and "timing" in q), None)
         if m and "timing" in r:
             r["speedup_vs_megatron"] = round(m["timing"]["median_us"] / r["timing"]["median_us"], 2)
     return recs

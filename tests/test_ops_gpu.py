@@ -79,7 +79,7 @@ def test_fp8_scales_padding(impl, pad):
     check_permute(ops.permute(x, idx32, E, scales_TS=s, pad_multiple=pad, impl=impl), want)
 
 
-# csrc variant bits: 0 bulk (TMA) copy; 1 + L2 evict-first; 32/96 two/four buffers; 128 4 KB
+# csrc variant bits: 0 bulk (TMA) copy with L2 evict-first hints; 1 without the hints; 32/96 two/four buffers; 128 4 KB
 # chunks (a 14 KB row in four pieces); 16 the per-warp register copy. Triton: COPY_TMA 1.
 COPY_KNOBS = [("cuda", "VARIANT_PERMUTE", v) for v in (0, 1, 32, 96, 128, 16, 16 + 2 + 8)] + [
     ("triton", "COPY_TMA", 1), ("triton", "COPY_TMA", 0)]
