@@ -106,6 +106,7 @@ TRITON_CASES = [  # T, H, K, E, pad, fp8, idx dtype
     (37, 20, 4, 6, 4, True, torch.int64),
     (64, 40, 8, 16, 8, False, torch.int64),
     (300, 16, 8, 300, 0, False, torch.int64),   # more slots than one rank block; E > 256
+    (150, 8, 4, 130, 8, True, torch.int32),     # three scan programs (64 experts each), padded
 ]
 
 
@@ -208,15 +209,15 @@ def test_triton_tma_writes_only_its_rows(H):
     x = payload(T, H)
     idx = make_routing(T, K, E, mask_frac=0.3, seed=H).contiguous()   # the kernels take it so
     idx[3] = -1
-    lrank, base, *_, SB = ti.route(idx, E, pad)
+    lrank, base, _, estart, *_, SB = ti.route(idx, E, pad)
     r_max = T * K + E * (pad - 1)
     out = torch.full((r_max, H), -7, dtype=torch.int16).view(torch.bfloat16)
     row_map = torch.empty((T, K), dtype=torch.int32)
     xw, ow = ti._words(x), ti._words(out)
     W = xw.shape[1]
     desc, NC, BW, NB, BB = ti._tma_desc(ow, r_max, W)
-    ti._permute_copy_tma[(T,)](xw, xw, desc, ow, idx, lrank, base, row_map, W, 0, E, SB, NC, BW,
-                               K=K, KP=4, NB=NB, BB=BB, HAS_S=False, BS=16)
+    ti._permute_copy_tma[(T,)](xw, xw, desc, ow, idx, lrank, base, estart, row_map, W, 0, E, SB,
+                               NC, BW, K=K, KP=4, NB=NB, BB=BB, HAS_S=False, BS=16)
     want = ops.permute(x, idx, E, pad_multiple=pad, impl="torch")
     assert torch.equal(row_map, want.row_map_TK)
     valid = row_map >= 0

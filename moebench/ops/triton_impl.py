@@ -4,11 +4,12 @@ Permute runs in three launches, no host sync before the copy:
 1. ``_route_rank``: slots split in blocks of SB; per block, a sort of (expert, slot) keys gives
    each slot its stable rank among the block's slots of the same expert, and a histogram the
    block's per-expert counts.
-2. ``_route_scan``: one program turns the [NB, E] counts into each block's first row per expert
-   (expert starts padded to ``pad_multiple``), tokens per expert, and the row count (also
-   stored to a pinned host slot, so the host waits on one event, not a copy).
+2. ``_route_scan``: one program per 64 experts turns the [NB, E] counts into each block's first
+   row per expert; the last program to finish scans the totals: expert starts (padded to
+   ``pad_multiple``), tokens per expert, and the row count (also stored to a pinned host slot,
+   so the host waits on one event, not a copy).
 3. ``_permute_copy``: one program per token reads its row once and stores it to its K rows
-   (row = block base + rank), writing row_map on the way; fp8 scales ride along.
+   (row = expert start + block base + rank), writing row_map on the way; fp8 scales ride along.
    ``_permute_copy_tma`` does the same with each row write as a TMA bulk store through a host
    tensor descriptor (Hopper+, rows a multiple of 16 bytes; knob COPY_TMA), else
    ``_permute_copy`` runs.
@@ -65,8 +66,11 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _route_rank(idx_ptr, n_slots, E, lrank_ptr, counts_ptr, SB: tl.constexpr, EP: tl.constexpr):
+def _route_rank(idx_ptr, n_slots, E, lrank_ptr, counts_ptr, done_ptr, SB: tl.constexpr,
+                EP: tl.constexpr):
     b = tl.program_id(0)
+    if b == 0:
+        tl.store(done_ptr, 0)  # _route_scan's arrival counter
     i = tl.arange(0, SB)
     s = b * SB + i
     e = tl.load(idx_ptr + s, mask=s < n_slots, other=-1).to(tl.int32)
@@ -83,45 +87,44 @@ def _route_rank(idx_ptr, n_slots, E, lrank_ptr, counts_ptr, SB: tl.constexpr, EP
 
 
 @triton.jit
-def _route_scan(counts_ptr, NB, E, pad, tpe_ptr, estart_ptr, ecount_ptr, total_ptr, host_ptr, slot,
-                BB: tl.constexpr, EB: tl.constexpr, HOST: tl.constexpr):
-    """counts [NB, E] -> in place, each block's first output row per expert. HOST: the row count
-    also goes to host_ptr[slot], pinned host memory the GPU writes directly."""
-    carry = tl.sum(tl.zeros([EB], tl.int32), 0)
-    for e0 in range(0, E, EB):
-        eo = e0 + tl.arange(0, EB)
-        me = eo < E
-        tot = tl.zeros([EB], tl.int32)
-        for b0 in range(0, NB, BB):
-            bo = b0 + tl.arange(0, BB)
-            c = tl.load(counts_ptr + bo[:, None] * E + eo[None, :],
-                        mask=(bo[:, None] < NB) & me[None, :], other=0)
-            tot += tl.sum(c, 0)
-        padded = tot
-        if pad > 0:
-            padded = (tot + pad - 1) // pad * pad
-        start = carry + tl.cumsum(padded, 0) - padded
-        tl.store(tpe_ptr + eo, padded, mask=me)
-        tl.store(estart_ptr + eo, start, mask=me)
-        tl.store(ecount_ptr + eo, tot, mask=me)
-        run = start
-        for b0 in range(0, NB, BB):
-            bo = b0 + tl.arange(0, BB)
-            m = (bo[:, None] < NB) & me[None, :]
-            ptr = counts_ptr + bo[:, None] * E + eo[None, :]
-            c = tl.load(ptr, mask=m, other=0)
-            incl = tl.cumsum(c, 0)
-            tl.store(ptr, run[None, :] + incl - c, mask=m)
-            run += tl.sum(c, 0)
-        carry += tl.sum(padded, 0)
-    tl.store(total_ptr, carry)
-    if HOST:
-        tl.store(host_ptr + slot, carry)
+def _route_scan(counts_ptr, NB, E, pad, tpe_ptr, estart_ptr, ecount_ptr, total_ptr, done_ptr,
+                host_ptr, slot, BB: tl.constexpr, EB: tl.constexpr, HOST: tl.constexpr):
+    """Program p takes experts [p*EB, (p+1)*EB): counts [NB, E] -> in place, each block's first
+    row per expert relative to the expert's start; ecount = totals. The last program to arrive
+    scans the padded totals: expert starts, tokens per expert and the row count (HOST: also to
+    host_ptr[slot], pinned host memory the GPU writes directly)."""
+    eo = tl.program_id(0) * EB + tl.arange(0, EB)
+    me = eo < E
+    run = tl.zeros([EB], tl.int32)
+    for b0 in range(0, NB, BB):
+        bo = b0 + tl.arange(0, BB)
+        m = (bo[:, None] < NB) & me[None, :]
+        ptr = counts_ptr + bo[:, None] * E + eo[None, :]
+        c = tl.load(ptr, mask=m, other=0)
+        tl.store(ptr, run[None, :] + tl.cumsum(c, 0) - c, mask=m)
+        run += tl.sum(c, 0)
+    tl.store(ecount_ptr + eo, run, mask=me)
+    tl.debug_barrier()  # every thread's stores before the release below
+    if tl.atomic_add(done_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+        carry = tl.sum(tl.zeros([EB], tl.int32), 0)
+        for e0 in range(0, E, EB):
+            eo = e0 + tl.arange(0, EB)
+            me = eo < E
+            tot = tl.load(ecount_ptr + eo, mask=me, other=0, cache_modifier=".cg")
+            padded = tot
+            if pad > 0:
+                padded = (tot + pad - 1) // pad * pad
+            tl.store(tpe_ptr + eo, padded, mask=me)
+            tl.store(estart_ptr + eo, carry + tl.cumsum(padded, 0) - padded, mask=me)
+            carry += tl.sum(padded, 0)
+        tl.store(total_ptr, carry)
+        if HOST:
+            tl.store(host_ptr + slot, carry)
 
 
 @triton.jit
-def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr, row_map_ptr,
-                  W, WS, E, SB, K: tl.constexpr, KP: tl.constexpr, BH: tl.constexpr,
+def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr, estart_ptr,
+                  row_map_ptr, W, WS, E, SB, K: tl.constexpr, KP: tl.constexpr, BH: tl.constexpr,
                   HAS_S: tl.constexpr, BS: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     ks = tl.arange(0, KP)
@@ -129,7 +132,8 @@ def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr,
     s = t * K + ks
     e = tl.load(idx_ptr + s, mask=mk, other=-1).to(tl.int32)
     ok = mk & (e >= 0) & (e < E)
-    row = (tl.load(base_ptr + (s // SB) * E + e, mask=ok, other=0)
+    row = (tl.load(estart_ptr + e, mask=ok, other=0)
+           + tl.load(base_ptr + (s // SB) * E + e, mask=ok, other=0)
            + tl.load(lrank_ptr + s, mask=ok, other=0))
     tl.store(row_map_ptr + s, tl.where(ok, row, -1), mask=mk)
     row64 = row.to(tl.int64)
@@ -148,8 +152,8 @@ def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr,
 
 
 @triton.jit
-def _permute_copy_tma(x_ptr, s_ptr, out_desc, outs_ptr, idx_ptr, lrank_ptr, base_ptr, row_map_ptr,
-                      W, WS, E, SB, NC, BW, K: tl.constexpr, KP: tl.constexpr, NB: tl.constexpr,
+def _permute_copy_tma(x_ptr, s_ptr, out_desc, outs_ptr, idx_ptr, lrank_ptr, base_ptr, estart_ptr,
+                      row_map_ptr, W, WS, E, SB, NC, BW, K: tl.constexpr, KP: tl.constexpr, NB: tl.constexpr,
                       BB: tl.constexpr, HAS_S: tl.constexpr, BS: tl.constexpr):
     """``_permute_copy`` with the K row writes as TMA bulk stores (Hopper+).
 
@@ -165,7 +169,8 @@ def _permute_copy_tma(x_ptr, s_ptr, out_desc, outs_ptr, idx_ptr, lrank_ptr, base
     s = t * K + ks
     e = tl.load(idx_ptr + s, mask=mk, other=-1).to(tl.int32)
     ok = mk & (e >= 0) & (e < E)
-    row = (tl.load(base_ptr + (s // SB) * E + e, mask=ok, other=0)
+    row = (tl.load(estart_ptr + e, mask=ok, other=0)
+           + tl.load(base_ptr + (s // SB) * E + e, mask=ok, other=0)
            + tl.load(lrank_ptr + s, mask=ok, other=0))
     row = tl.where(ok, row, -1)
     tl.store(row_map_ptr + s, row, mask=mk)
@@ -277,16 +282,18 @@ def route(topk_idx_TK: Tensor, num_experts: int, pad_multiple: int, host=None):
     SB = _slot_block(n)
     NB = -(-n // SB)  # triton.cdiv costs microseconds of host time per call
     lrank = torch.empty(n, dtype=torch.int32, device=dev)
-    ws = torch.empty(NB * E + 2 * E + 1, dtype=torch.int32, device=dev)
+    ws = torch.empty(NB * E + 2 * E + 2, dtype=torch.int32, device=dev)
     tpe = torch.empty(E, dtype=torch.int32, device=dev)  # own storage: it is returned
     base = ws[: NB * E]
-    estart, ecount, total = ws[NB * E: NB * E + E], ws[NB * E + E: NB * E + 2 * E], ws[-1:]
-    _route_rank[(NB,)](topk_idx_TK, n, E, lrank, base, SB=SB, EP=_pow2(E + 1), num_warps=4)
-    # 64 x 64 tiles, 4 warps: 16.4 us at E 256 on the H200; one [128, 256] tile with 16 warps
-    # was slower (20 us), so the tiles stay small
+    estart, ecount = ws[NB * E: NB * E + E], ws[NB * E + E: NB * E + 2 * E]
+    total, done = ws[-2:-1], ws[-1:]
+    _route_rank[(NB,)](topk_idx_TK, n, E, lrank, base, done, SB=SB, EP=_pow2(E + 1), num_warps=4)
+    # one program per 64 experts (a single program for all experts took 16.4 us at E 256 on the
+    # H200, 10% of the permute at T 4096)
     host_t, slot = host if host is not None else (total, 0)
-    _route_scan[(1,)](base, NB, E, pad_multiple, tpe, estart, ecount, total, host_t, slot, BB=64,
-                      EB=64, HOST=host is not None, num_warps=4)
+    EB = 64
+    _route_scan[(-(-E // EB),)](base, NB, E, pad_multiple, tpe, estart, ecount, total, done, host_t,
+                                slot, BB=64, EB=EB, HOST=host is not None, num_warps=4)
     return lrank, base, tpe, estart, ecount, total, SB
 
 
@@ -386,11 +393,12 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
     tma = _tma_desc(ow, r_max, W) if COPY_TMA and _tma_device(dev) else None
     if tma is not None:
         desc, NC, BW, NB, BB = tma
-        _permute_copy_tma[(T,)](xw, sw, desc, osw, idx, lrank, base, row_map, W, WS, E, SB, NC, BW,
+        _permute_copy_tma[(T,)](xw, sw, desc, osw, idx, lrank, base, estart, row_map, W, WS, E, SB,
+                                NC, BW,
                                 K=K, KP=_pow2(K), NB=NB, BB=BB, HAS_S=has_s, BS=BS,
                                 num_warps=COPY_WARPS)
     else:
-        _permute_copy[(T,)](xw, sw, ow, osw, idx, lrank, base, row_map, W, WS, E, SB, K=K,
+        _permute_copy[(T,)](xw, sw, ow, osw, idx, lrank, base, estart, row_map, W, WS, E, SB, K=K,
                             KP=_pow2(K), BH=BH, HAS_S=has_s, BS=BS, num_warps=COPY_WARPS)
     if pad_multiple > 1:
         _zero_pad[(E,)](ow, osw, estart, ecount, tpe, W, WS, BH=BH, HAS_S=has_s, BS=BS,
