@@ -672,8 +672,8 @@ int bulk_hints(const CopyArgs& a, int64_t chunk, int64_t nchunk, int variant, in
 
 // Bulk-copy path, when the GPU has it (sm_90+) and rows are 16-byte multiples at 16-byte aligned
 // addresses; returns 1 when it does not apply. variant bit 0: no L2 evict-first hints on the
-// loads and stores (the hints gain 1-2% on the H200); bits 5-6: buffers per block 3 (0), 2, 3
-// or 4; bit 7: chunks of <= 4 KB, not <= 16 KB.
+// loads and stores; bits 5-6: buffers per block 3 (0), 2, 3 or 4; bit 7: chunks of <= 4 KB,
+// not <= 16 KB.
 int bulk_copy(const CopyArgs& a, int variant, int dev, cudaStream_t st) {
   int major = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);

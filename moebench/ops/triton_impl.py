@@ -58,9 +58,9 @@ UNPERM_BH = int(os.environ.get("MOEBENCH_TRITON_UNPERM_BH", "1024"))  # elements
 UNPERM_WARPS = int(os.environ.get("MOEBENCH_TRITON_UNPERM_WARPS", "4"))
 # 1: permute's row writes are TMA bulk stores (``_permute_copy_tma``) where the device and the
 # shape allow it (compute capability >= 9, or the interpreter; rows a multiple of 16 bytes);
-# 0 (default): the plain ``_permute_copy``. On the H200 both kernels take the same time (149 vs
-# 148 us at T 4096, H 7168: bench/results/permute-h200.jsonl, triton@...:1) and the descriptor costs host
-# time, so TMA is opt-in.
+# 0 (default): the plain ``_permute_copy``. On the H200 both kernels take the same time (149.1 vs
+# 148.5 us at T 4096, H 7168: bench/results/permute-h200.jsonl, impl triton@...:1) and the
+# descriptor costs host time, so TMA is opt-in.
 COPY_TMA = int(os.environ.get("MOEBENCH_TRITON_COPY_TMA", "0"))
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
