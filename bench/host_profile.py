@@ -1,6 +1,6 @@
 """Host-side cost of one moebench.ops permute call, per Python function (cProfile), on a GPU.
 
-    python bench/host_profile.py [T H K E] [impl ...]
+    PYTHONPATH=. python bench/host_profile.py [T H K E] [impl ...]   (from the repo root)
 Each impl: 200 calls, the GPU synchronised after each; prints the top functions by own time.
 """
 import cProfile

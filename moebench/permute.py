@@ -5,10 +5,11 @@ unfused moe_utils path, te = Transformer Engine) it checks the result against th
 then times the call as a user makes it (index math, allocation, Python glue and all) with CUDA
 events, the L2 flushed by a read of a buffer larger than L2 before every iteration, median of
 --iters. ``permute`` is called with the row count known, as Megatron's baseline is (its
-num_out_tokens); ``permute_wait`` without it, so the host also waits for the device's count. Effective GB/s counts unique bytes: permute reads T*H and writes R*H (R = routed
-slots, T*K without masked slots), unpermute the reverse; fp8 adds the scales. The device-to-
-device copy bandwidth (read + write) is measured in the same run and every row reports its
-fraction. Tuning knobs for sweeps: ``cuda@V`` (variant bits, see csrc/moe_permute.h) and
+num_out_tokens); ``permute_wait`` without it, so the host also waits for the device's count.
+Effective GB/s counts unique bytes: permute reads T*H and writes R*H (R = routed slots, T*K
+without masked slots), unpermute the reverse; fp8 adds the scales. The device-to-device copy
+bandwidth (read + write) is measured in the same run and every row reports its fraction.
+Tuning knobs for sweeps: ``cuda@V`` (variant bits, see csrc/moe_permute.h) and
 ``triton@COPY_BH:COPY_WARPS:UNPERM_BH:UNPERM_WARPS:COPY_TMA``.
 """
 from __future__ import annotations

@@ -169,8 +169,7 @@ def _sort_chunks_fake(x, split_sizes, sorted_idxs, impl):
 # ---------------------------------------------------------------- public API
 def _op(registered, kernel):
     """The registered op under torch.compile / export; the kernel itself in eager mode, which
-    skips the dispatcher round trip (about 10 us of host time per call on the H200 machine,
-    cProfile)."""
+    skips the dispatcher's round trip: host time per call matters when the op is host-bound."""
     return registered if torch.compiler.is_compiling() else kernel
 
 
@@ -202,7 +201,8 @@ def sort_chunks_by_idxs(x_RH: Tensor, split_sizes, sorted_idxs, *, impl: str = "
     dev = x_RH.device
     split_sizes = torch.as_tensor(split_sizes, dtype=torch.int64).to(dev, non_blocking=True)
     sorted_idxs = torch.as_tensor(sorted_idxs, dtype=torch.int64).to(dev, non_blocking=True)
-    return _op(torch.ops.moebench.sort_chunks_by_idxs, _sort_chunks_kernel)(x_RH, split_sizes, sorted_idxs, impl)
+    return _op(torch.ops.moebench.sort_chunks_by_idxs, _sort_chunks_kernel)(
+        x_RH, split_sizes, sorted_idxs, impl)
 
 
 __all__ = ["Permuted", "permute", "unpermute", "sort_chunks_by_idxs", "best_impl", "impl_status",

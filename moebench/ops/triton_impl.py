@@ -123,10 +123,10 @@ def _route_scan(counts_ptr, NB, E, pad, tpe_ptr, estart_ptr, ecount_ptr, total_p
 
 
 @triton.jit
-def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr, estart_ptr,
-                  row_map_ptr, W, WS, E, SB, K: tl.constexpr, KP: tl.constexpr, BH: tl.constexpr,
-                  HAS_S: tl.constexpr, BS: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+def _slot_rows(idx_ptr, lrank_ptr, base_ptr, estart_ptr, row_map_ptr, t, E, SB, K: tl.constexpr,
+               KP: tl.constexpr):
+    """Token t's K output rows (expert start + block base + rank; -1 for skipped slots), also
+    written to row_map. Padded to KP lanes (-1 past K)."""
     ks = tl.arange(0, KP)
     mk = ks < K
     s = t * K + ks
@@ -135,7 +135,18 @@ def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr,
     row = (tl.load(estart_ptr + e, mask=ok, other=0)
            + tl.load(base_ptr + (s // SB) * E + e, mask=ok, other=0)
            + tl.load(lrank_ptr + s, mask=ok, other=0))
-    tl.store(row_map_ptr + s, tl.where(ok, row, -1), mask=mk)
+    row = tl.where(ok, row, -1)
+    tl.store(row_map_ptr + s, row, mask=mk)
+    return row
+
+
+@triton.jit
+def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr, estart_ptr,
+                  row_map_ptr, W, WS, E, SB, K: tl.constexpr, KP: tl.constexpr, BH: tl.constexpr,
+                  HAS_S: tl.constexpr, BS: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    row = _slot_rows(idx_ptr, lrank_ptr, base_ptr, estart_ptr, row_map_ptr, t, E, SB, K, KP)
+    ok = row >= 0
     row64 = row.to(tl.int64)
     for h0 in range(0, W, BH):
         h = h0 + tl.arange(0, BH)
@@ -153,8 +164,8 @@ def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr,
 
 @triton.jit
 def _permute_copy_tma(x_ptr, s_ptr, out_desc, outs_ptr, idx_ptr, lrank_ptr, base_ptr, estart_ptr,
-                      row_map_ptr, W, WS, E, SB, NC, BW, K: tl.constexpr, KP: tl.constexpr, NB: tl.constexpr,
-                      BB: tl.constexpr, HAS_S: tl.constexpr, BS: tl.constexpr):
+                      row_map_ptr, W, WS, E, SB, NC, BW, K: tl.constexpr, KP: tl.constexpr,
+                      NB: tl.constexpr, BB: tl.constexpr, HAS_S: tl.constexpr, BS: tl.constexpr):
     """``_permute_copy`` with the K row writes as TMA bulk stores (Hopper+).
 
     ``out_desc``: host-side descriptor over the output words viewed as [R, NC, BW] (strides
@@ -164,16 +175,9 @@ def _permute_copy_tma(x_ptr, s_ptr, out_desc, outs_ptr, idx_ptr, lrank_ptr, base
     skipped by a scalar branch (their row is -1, which TMA would also clip, but nothing relies on
     that)."""
     t = tl.program_id(0).to(tl.int64)
+    row = _slot_rows(idx_ptr, lrank_ptr, base_ptr, estart_ptr, row_map_ptr, t, E, SB, K, KP)
+    ok = row >= 0
     ks = tl.arange(0, KP)
-    mk = ks < K
-    s = t * K + ks
-    e = tl.load(idx_ptr + s, mask=mk, other=-1).to(tl.int32)
-    ok = mk & (e >= 0) & (e < E)
-    row = (tl.load(estart_ptr + e, mask=ok, other=0)
-           + tl.load(base_ptr + (s // SB) * E + e, mask=ok, other=0)
-           + tl.load(lrank_ptr + s, mask=ok, other=0))
-    row = tl.where(ok, row, -1)
-    tl.store(row_map_ptr + s, row, mask=mk)
     ci0 = tl.arange(0, NB)
     wi0 = tl.arange(0, BB)
     for c0 in range(0, NC, NB):
@@ -394,8 +398,7 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
     if tma is not None:
         desc, NC, BW, NB, BB = tma
         _permute_copy_tma[(T,)](xw, sw, desc, osw, idx, lrank, base, estart, row_map, W, WS, E, SB,
-                                NC, BW,
-                                K=K, KP=_pow2(K), NB=NB, BB=BB, HAS_S=has_s, BS=BS,
+                                NC, BW, K=K, KP=_pow2(K), NB=NB, BB=BB, HAS_S=has_s, BS=BS,
                                 num_warps=COPY_WARPS)
     else:
         _permute_copy[(T,)](xw, sw, ow, osw, idx, lrank, base, estart, row_map, W, WS, E, SB, K=K,
@@ -438,5 +441,5 @@ def sort_chunks_by_idxs(x_RH: Tensor, split_sizes_C: Tensor, sorted_idxs_C: Tens
     BR = max(1, min(16, 4096 // CP))
     BH = min(max(16, 4096 // BR), _pow2(W))
     _sort_chunks[(-(-R // BR),)](xw, ow, split_sizes_C.contiguous(), sorted_idxs_C.contiguous(),
-                                        R, W, C, CP=CP, BR=BR, BH=BH, num_warps=4)
+                                 R, W, C, CP=CP, BR=BR, BH=BH, num_warps=4)
     return out
