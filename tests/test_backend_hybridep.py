@@ -1,10 +1,11 @@
 """hybridep without deep_ep: limits, routing_map construction and the plain/permute weighting."""
+import os
 import sys
 
 import pytest
 import torch
 
-from moebench import reference
+from moebench import reference, toolkit
 from moebench.backends import Unavailable, get
 from moebench.backends.deepep import group_by_local_expert, weighted_rows
 from moebench.backends.base import routing_map_and_probs
@@ -120,6 +121,11 @@ def test_cuda_home(monkeypatch, tmp_path):
     (tmp_path / "bin" / "nvcc").write_text("")
     assert cuda_home() == str(tmp_path)
     monkeypatch.delenv("CUDA_HOME")
+    monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(Unavailable, match="unset and nvcc is not on PATH"):
+    monkeypatch.setattr(toolkit, "DEFAULT_HOMES", ())
+    with pytest.raises(Unavailable, match="unset and no nvcc was found"):
         cuda_home()
+    monkeypatch.setattr(toolkit, "DEFAULT_HOMES", (str(tmp_path),))
+    assert cuda_home() == str(tmp_path.resolve())          # derived from the nvcc found, exported
+    assert os.environ["CUDA_HOME"] == str(tmp_path.resolve())

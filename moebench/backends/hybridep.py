@@ -18,7 +18,6 @@ Legend: T tokens, H hidden, E experts, K top-k, L local experts, N received toke
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from .. import reference
 from ..workload import WorkloadError
 from .base import Backend, Dispatched, Unavailable
 from ..results import dist_version
+from ..toolkit import find_nvcc
 from .deepep import Grouped, find, group_by_local_expert, import_deep_ep, weighted_rows
 
 DOMAIN_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
@@ -66,14 +66,14 @@ def local_plain_inputs(local_map_NL: torch.Tensor, probs_NX: torch.Tensor | None
 
 
 def cuda_home() -> str:
-    """$CUDA_HOME with bin/nvcc; when unset, derived from nvcc on PATH (and exported for the JIT)."""
+    """$CUDA_HOME with bin/nvcc; when unset, derived from find_nvcc() (and exported for the JIT)."""
     home = os.environ.get("CUDA_HOME")
     if home and (Path(home) / "bin" / "nvcc").exists():
         return home
-    nvcc = shutil.which("nvcc")
+    nvcc = find_nvcc()
     if home or not nvcc:
         raise Unavailable(f"HybridEP JIT-compiles kernels with $CUDA_HOME/bin/nvcc, but CUDA_HOME is "
-                          f"{repr(home) + ' without bin/nvcc' if home else 'unset and nvcc is not on PATH'}; "
+                          f"{repr(home) + ' without bin/nvcc' if home else 'unset and no nvcc was found'}; "
                           "export CUDA_HOME=<CUDA toolkit root>")
     os.environ["CUDA_HOME"] = str(Path(nvcc).resolve().parent.parent)
     return os.environ["CUDA_HOME"]

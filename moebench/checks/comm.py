@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 
 from .. import ceilings
+from ..toolkit import find_nvcc
 from . import child
 from .registry import Context, failed, passed, register, waived
 
@@ -25,13 +25,6 @@ P2P_MIN_OF_MEDIAN = 0.8     # ... and so does a pair this far below the median p
 def gpu_count() -> int:
     import torch
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def find_nvcc() -> str | None:
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home and (Path(home) / "bin" / "nvcc").exists():
-        return str(Path(home) / "bin" / "nvcc")
-    return shutil.which("nvcc")
 
 
 def probe_binary(timeout_s: float = 300.0) -> tuple[str | None, str]:

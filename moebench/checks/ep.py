@@ -15,7 +15,8 @@ from ..backends.deepep import HINT as DEEPEP_HINT
 from ..results import installed
 from . import buildkind, child
 from .baseline import rows_from_records
-from .comm import find_nvcc, gpu_count
+from ..toolkit import find_nvcc
+from .comm import gpu_count
 from .registry import FAIL, WAIVED, Context, failed, passed, register, waived
 from .system import nvlink_domain
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -28,9 +27,8 @@ def _jit_build():
     from torch.utils import cpp_extension
     if torch.version.cuda is None:
         raise RuntimeError("torch has no CUDA")
-    nvcc = shutil.which("nvcc") or (os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
-                                    if cpp_extension.CUDA_HOME else None)
-    if not nvcc or not os.path.exists(nvcc):
+    from moebench.toolkit import find_nvcc
+    if find_nvcc() is None:
         raise RuntimeError("nvcc not found (set CUDA_HOME or PATH)")
     srcs = [CSRC / s for s in SOURCES]
     missing = [str(s) for s in srcs if not s.exists()]
