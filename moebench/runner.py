@@ -85,8 +85,10 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
         b.setup(ctx.group, w, dev)
         out["knobs"] = b.knobs()
 
+    checked = {}
+
     def check():
-        msg = _check(b, w, ctx.rank, payload, idx, wt, s, dev)
+        msg, checked["d"], checked["y"] = _check(b, w, ctx.rank, payload, idx, wt, s, dev)
         if msg:
             raise CheckFailed(msg)
 
@@ -96,8 +98,7 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
         out.update(status="WAIVED" if waived else "FAIL", error=err.removeprefix(WAIVED))
         return out
     timer = Timer(dev, ctx.group, opts.flush_l2)
-    d = b.dispatch(payload, idx, wt, s)
-    y = _expert_outputs(d, ctx.rank, w)
+    d, y = checked["d"], checked["y"]  # the checked dispatch's handle serves the timed combines
     phases = {"dispatch": lambda: b.dispatch(payload, idx, wt, s), "combine": lambda: b.combine(y, d.handle)}
     phases.update(b.extra_phases(payload, idx, wt))
     for phase, fn in phases.items():
@@ -118,7 +119,8 @@ def _expert_outputs(d: base.Dispatched, rank: int, w: Workload) -> torch.Tensor:
     return y if y.shape[0] == rows else torch.cat([y, y.new_zeros(rows - y.shape[0], *y.shape[1:])])
 
 
-def _check(b, w, rank, payload, idx, wt, scales, dev) -> str:
+def _check(b, w, rank, payload, idx, wt, scales, dev):
+    """(error or '', the dispatch, the expert outputs combined from it)."""
     exp_rows, exp_scales = reference.expected_dispatch(w, rank, dev)
     d = b.dispatch(payload, idx, wt, scales)
     tpe = [int(c) for c in d.tokens_per_expert]
@@ -126,10 +128,11 @@ def _check(b, w, rank, payload, idx, wt, scales, dev) -> str:
     got_scales = reference.split_rows(d.scales_RS, tpe) if d.scales_RS is not None else None
     err = reference.check_dispatch(got_rows, got_scales, exp_rows, exp_scales, rank, w)
     if err:
-        return "dispatch: " + err
-    out = b.combine(_expert_outputs(d, rank, w), d.handle)
+        return "dispatch: " + err, d, None
+    y = _expert_outputs(d, rank, w)
+    out = b.combine(y, d.handle)
     err = reference.check_combine(out, reference.expected_combine(payload, idx, wt, w, scales))
-    return "combine: " + err if err else ""
+    return ("combine: " + err if err else ""), d, y
 
 
 def run_backend(w: Workload, name: str, opts: Options, measure: bool) -> dict:

@@ -18,7 +18,7 @@ def check_many(ctx, workloads):
         b = get("alltoall")(knob_values={"ops_impl": "torch"})
         b.setup(ctx.group, w, ctx.device)
         x, idx, wt, q, s = reference.rank_inputs(w, ctx.rank)
-        err = _check(b, w, ctx.rank, q if q is not None else x, idx, wt, s, ctx.device)
+        err = _check(b, w, ctx.rank, q if q is not None else x, idx, wt, s, ctx.device)[0]
         if err:
             errors.append(f"{w}: {err}")
     return errors
