@@ -246,8 +246,8 @@ def decisions_from_results(records: list[dict], version: str, overlap: bool = Fa
 
 def _best_setting_only(recs: list[dict]) -> tuple[list[dict], dict[str, dict]]:
     """Where a knob sweep timed a backend at several settings, keep only its fastest setting
-    (sweep.best_knobs: lowest dispatch + combine median), so the A/B and the flags use it."""
-    from .sweep import best_knobs, knobs_of
+    (knobs.best_knobs: lowest dispatch + combine median), so the A/B and the flags use it."""
+    from .knobs import best_knobs, knobs_of
     best = {b["backend"]: b["knobs"] for b in best_knobs(recs) if b["settings"] > 1}
     kept = [r for r in recs if r["backend"]["name"] not in best or knobs_of(r) == best[r["backend"]["name"]]]
     return kept, best

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import sweep
+from . import knobs
+from .workload import describe
 
 PHASES = ("dispatch", "combine")
 METRICS = ("busbw", "algbw", "wirebw", "nvlink", "net")
@@ -57,13 +58,12 @@ def load(paths) -> list[dict]:
 
 
 def family(w: dict) -> str:
-    s = f"H={w['hidden']} E={w['num_experts']} K={w['topk']} EP={w['ep']} {w['dtype']} {w['routing']}"
-    return s + (f" {w['gpus_per_node']}/node" if w["ep"] > w.get("gpus_per_node", 8) else "")
+    return describe(w, tokens=False)
 
 
 def knob_str(r: dict) -> str:
     short = lambda k: k.replace("env:NUM_OF_TOKENS_PER_CHUNK_", "chunk_").replace("_API", "").lower()  # noqa: E731
-    return " ".join(f"{short(k)}={v}" for k, v in sorted(sweep.knobs_of(r).items()))
+    return " ".join(f"{short(k)}={v}" for k, v in sorted(knobs.knobs_of(r).items()))
 
 
 def timed(r: dict) -> bool:
@@ -361,9 +361,9 @@ def run(args) -> int:
     if not recs:
         raise ReportError(f"no moebench records in {', '.join(args.files)}")
     if args.best_knobs:
-        best = sweep.best_knobs(recs)
+        best = knobs.best_knobs(recs)
         print(json.dumps(best, indent=1) if args.json else
-              sweep.format_best(best, "github" if args.markdown else "simple") if best else "# no knob settings")
+              knobs.format_best(best, "github" if args.markdown else "simple") if best else "# no knob settings")
     elif args.json:
         print(json.dumps([{k: v for k, v in r.items() if k != "_file"} for r in latest(recs)], indent=1))
     else:

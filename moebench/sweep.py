@@ -10,8 +10,8 @@ earlier axes fixed at their best setting so far; an axis's first value is its de
 
 Every case is (workload, backend, knobs). Records are appended to the JSONL right after each case,
 tagged `sweep: {name, case, knobs}`; a rerun skips cases whose records are already there, so an
-interrupted sweep resumes where it stopped. `best_knobs(records)` picks the fastest knob setting
-per (backend, shape) (dispatch + combine median); `python -m moebench.megatron flags` uses it.
+interrupted sweep resumes where it stopped. `knobs.best_knobs(records)` picks the fastest knob
+setting per (backend, shape) (dispatch + combine median); `python -m moebench.megatron flags` uses it.
 """
 from __future__ import annotations
 
@@ -19,9 +19,7 @@ import argparse
 import contextlib
 import itertools
 import json
-import math
 import os
-import statistics
 import sys
 import time
 import tomllib
@@ -29,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import results
+from .knobs import best_knobs, format_best, knobs_of
 from .workload import Workload, WorkloadError
 
 SWEEP_DIR = Path(__file__).resolve().parent.parent / "bench" / "sweeps"
 SHAPE_KEYS = ("hidden", "num_experts", "topk", "num_tokens", "routing", "dtype")
-TUNABLE = ("num_sms",)        # backend.knobs keys that count as a knob setting without sweep tags
 
 
 @dataclass
@@ -174,91 +172,6 @@ def case_argv(args, case: Case) -> list[str]:
     if args.warmup_ms is not None:
         argv += ["--warmup-ms", args.warmup_ms]
     return [str(a) for a in argv]
-
-
-# ---- knob choice -------------------------------------------------------------------------------
-
-def knobs_of(r: dict) -> dict:
-    """The knob setting a record was run with: its sweep tag, else the tunable backend knobs."""
-    tag = r.get("sweep") or {}
-    if tag.get("knobs"):
-        return dict(tag["knobs"])
-    return {k: v for k, v in ((r.get("backend") or {}).get("knobs") or {}).items() if k in TUNABLE}
-
-
-def best_knobs(records) -> list[dict]:
-    """The fastest knob setting per (backend, workload), from PASS records with timing.
-
-    Arguments: records: JSONL records (any mix of sweeps and plain runs).
-    Returns: one dict per (backend, workload) that has at least one knob setting timed in both
-    phases: {backend, workload (Workload.asdict()), knobs, dispatch_us, combine_us, total_us,
-    settings (how many settings were compared)}. The objective is dispatch + combine median us;
-    repeated records of one setting are merged by the median of their medians.
-    """
-    groups: dict = {}
-    for r in records:
-        t = r.get("timing") or {}
-        if (r.get("check") or {}).get("status") != "PASS" or "median_us" not in t:
-            continue
-        if r.get("phase") not in ("dispatch", "combine"):
-            continue
-        knobs = knobs_of(r)
-        if not knobs:
-            continue
-        wkey = json.dumps(r["workload"], sort_keys=True)
-        setting = groups.setdefault((r["backend"]["name"], wkey), {}).setdefault(
-            json.dumps(knobs, sort_keys=True), {"dispatch": [], "combine": []})
-        setting[r["phase"]].append(t["median_us"])
-    out = []
-    for (backend, wkey), settings in sorted(groups.items()):
-        cands = [(statistics.median(v["dispatch"]) + statistics.median(v["combine"]), k, v) for k, v in settings.items()
-                 if v["dispatch"] and v["combine"]]
-        if not cands:
-            continue
-        total, k, v = min(cands, key=lambda c: c[0])
-        out.append({"backend": backend, "workload": json.loads(wkey), "knobs": json.loads(k),
-                    "dispatch_us": statistics.median(v["dispatch"]), "combine_us": statistics.median(v["combine"]),
-                    "total_us": total, "settings": len(cands)})
-    return out
-
-
-SHAPE_MATCH = ("hidden", "num_experts", "topk", "ep", "dtype")
-
-
-def knobs_for(records, backend: str, workload=None) -> dict | None:
-    """Best knobs for one backend: at the workload's shape (same H, E, K, EP, dtype; nearest
-    num_tokens in log scale), or, with no workload, the setting that wins most shapes (ties: the
-    one that wins at the largest T). None when the records hold no timed knob setting."""
-    entries = [e for e in best_knobs(records) if e["backend"] == backend]
-    if workload is not None:
-        wd = workload.asdict() if hasattr(workload, "asdict") else dict(workload)
-        entries = [e for e in entries if all(e["workload"].get(k) == wd.get(k) for k in SHAPE_MATCH if k in wd)]
-        if not entries:
-            return None
-        t = max(1, wd.get("num_tokens", 4096))
-        return min(entries, key=lambda e: abs(math.log(e["workload"]["num_tokens"] / t)))["knobs"]
-    if not entries:
-        return None
-    votes: dict = {}
-    for e in entries:
-        k = json.dumps(e["knobs"], sort_keys=True)
-        n, tmax = votes.get(k, (0, 0))
-        votes[k] = (n + 1, max(tmax, e["workload"]["num_tokens"]))
-    return json.loads(max(votes, key=lambda k: votes[k]))
-
-
-def format_best(entries: list[dict], tablefmt: str = "simple") -> str:
-    from tabulate import tabulate
-    rows = [[e["backend"], _shape(e["workload"]), " ".join(f"{k}={v}" for k, v in e["knobs"].items()),
-             f"{e['dispatch_us']:.1f}", f"{e['combine_us']:.1f}", f"{e['total_us']:.1f}", e["settings"]]
-            for e in entries]
-    return tabulate(rows, headers=("backend", "shape", "best knobs", "dispatch us", "combine us",
-                                   "total us", "settings"), tablefmt=tablefmt, disable_numparse=True)
-
-
-def _shape(w: dict) -> str:
-    return (f"T={w['num_tokens']} H={w['hidden']} E={w['num_experts']} K={w['topk']} EP={w['ep']} "
-            f"{w['dtype']} {w['routing']}")
 
 
 # ---- running -----------------------------------------------------------------------------------

@@ -222,3 +222,12 @@ def fp8_quantize(x_TH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def fp8_dequantize(q_TH: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     T, H = q_TH.shape
     return (q_TH.float().view(T, H // FP8_BLOCK, FP8_BLOCK) * scales[..., None]).view(T, H)
+
+
+def describe(w: dict, tokens: bool = True) -> str:
+    """One line naming a workload record (``Workload.asdict()``) for tables and plots; without
+    tokens it names the shape family a token sweep runs over."""
+    s = f"H={w['hidden']} E={w['num_experts']} K={w['topk']} EP={w['ep']} {w['dtype']} {w['routing']}"
+    if w["ep"] > w.get("gpus_per_node", 8):
+        s += f" {w['gpus_per_node']}/node"
+    return f"T={w['num_tokens']} {s}" if tokens else s

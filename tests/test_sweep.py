@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from moebench import dispatch, sweep
+from moebench import dispatch, knobs, sweep
 from moebench.workload import WorkloadError
 
 TINY = """
@@ -85,26 +85,11 @@ def test_best_knobs_picks_fastest_total():
              _rec("hybridep", 1024, "combine", 60.0, {"num_sms": 16}, tagged=False),
              _rec("hybridep", 1024, "dispatch", 40.0, {"num_sms": 32}, tagged=False),
              _rec("hybridep", 1024, "combine", 40.0, {"num_sms": 32}, tagged=False)]
-    best = {(e["backend"], e["workload"]["num_tokens"]): e for e in sweep.best_knobs(recs)}
+    best = {(e["backend"], e["workload"]["num_tokens"]): e for e in knobs.best_knobs(recs)}
     assert best[("deepep", 4096)]["knobs"] == {"num_sms": 24}
     assert best[("deepep", 4096)]["total_us"] == pytest.approx(410.0)
     assert best[("deepep", 4096)]["settings"] == 4
     assert best[("hybridep", 1024)]["knobs"] == {"num_sms": 32}
-
-
-def test_knobs_for_nearest_shape_and_vote():
-    recs = []
-    for T, win in ((1024, 16), (4096, 24), (16384, 24)):
-        for sms in (16, 24):
-            t = 100.0 if sms == win else 200.0
-            recs += [_rec("deepep", T, "dispatch", t, {"num_sms": sms}),
-                     _rec("deepep", T, "combine", t, {"num_sms": sms})]
-    w = recs[0]["workload"] | {"num_tokens": 1500}
-    assert sweep.knobs_for(recs, "deepep", w) == {"num_sms": 16}           # nearest T (log scale) is 1024
-    assert sweep.knobs_for(recs, "deepep", w | {"num_tokens": 8192}) == {"num_sms": 24}
-    assert sweep.knobs_for(recs, "deepep") == {"num_sms": 24}               # wins 2 of 3 shapes
-    assert sweep.knobs_for(recs, "deepep", w | {"hidden": 4096}) is None    # no record at that shape
-    assert sweep.knobs_for(recs, "hybridep") is None
 
 
 def _records(path):
@@ -158,8 +143,7 @@ def test_knob_sweep_fixes_best_of_earlier_axis(tmp_path, capsys):
     stage1 = [r for r in recs if r["sweep"]["knobs"]["env:MOEBENCH_TEST_KNOB"] == "a"]
     stage2 = [r for r in recs if r["sweep"]["knobs"]["env:MOEBENCH_TEST_KNOB"] == "b"]
     assert {r["sweep"]["knobs"]["num_sms"] for r in stage1} == {2, 4}
-    best_sms = sweep.best_knobs(stage1)[0]["knobs"]["num_sms"]
+    best_sms = knobs.best_knobs(stage1)[0]["knobs"]["num_sms"]
     assert stage2 and {r["sweep"]["knobs"]["num_sms"] for r in stage2} == {best_sms}
     assert all(r["backend"]["knobs"].get("num_sms") == r["sweep"]["knobs"]["num_sms"] for r in recs)
     assert "MOEBENCH_TEST_KNOB" not in os.environ                  # the env knob was set for the ranks only
-    assert sweep.knobs_for(recs, "alltoall", recs[0]["workload"]) in [e["knobs"] for e in sweep.best_knobs(recs)]
