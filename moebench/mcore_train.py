@@ -19,6 +19,7 @@ with the global batch = micro-batch * world, as Megatron's training log computes
 from __future__ import annotations
 
 import math
+import statistics
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -337,7 +338,7 @@ def summarize(ranks: list[dict], spec: TrainSpec, dispatcher: str, world: int) -
     if ev_err:
         errors.append(ev_err)
     return {"dispatcher": dispatcher, "world": world, "steps": n, "window": win,
-            "step_ms": {"steady_mean": 1e3 * mean_s, "steady_median": 1e3 * sorted(steady)[len(steady) // 2],
+            "step_ms": {"steady_mean": 1e3 * mean_s, "steady_median": 1e3 * statistics.median(steady),
                         "steady_min": 1e3 * min(steady), "steady_max": 1e3 * max(steady)},
             "tflops_per_gpu": tflops_per_gpu(spec, world, mean_s),
             "flops_per_step": num_floating_point_operations(flops_args(spec), spec.micro_batch * world),

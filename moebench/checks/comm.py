@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 from pathlib import Path
 
 from .. import ceilings
@@ -72,7 +73,7 @@ def judge_p2p(data: dict, nominal: float | None) -> tuple[list[str], list[dict]]
         if not data["can_access"][s][d]:
             problems.append(f"GPU {s} cannot access GPU {d} (no peer access)")
     bws = [data["copy_GBps"][s][d] for s, d in pairs if data["copy_GBps"][s][d] is not None]
-    median = sorted(bws)[len(bws) // 2] if bws else None
+    median = statistics.median(bws) if bws else None
     for s, d in pairs:
         bw = data["copy_GBps"][s][d]
         if bw is None:
