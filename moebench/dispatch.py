@@ -44,6 +44,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
                    help="backend knob, repeatable (e.g. mode=plain, num_sms_dispatch=16)")
     p.add_argument("--no-flush-l2", action="store_true", help="skip the L2 flush before timed calls")
+    p.add_argument("--profile", action="store_true",
+                   help="also record each phase's GPU kernels (CPU: torch ops) per call, from the profiler")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per backend launch")
     sweep.add_args(p)       # --sweep NAME, --knob-sweep, --max-cases, --redo-failed (moebench/sweep.py)
     return p
@@ -93,7 +95,7 @@ def build(args) -> tuple[Workload, list[str], Options, str]:
     opts = Options(device=device, iters=args.iters or (5 if cpu else 20),
                    warmup_ms=args.warmup_ms if args.warmup_ms is not None else (0.0 if cpu else 200.0),
                    flush_l2=not args.no_flush_l2, timeout_s=args.timeout, knobs=knobs,
-                   ceiling_gbps=args.ceiling_gbps)
+                   ceiling_gbps=args.ceiling_gbps, profile=args.profile)
     return w, names, opts, note
 
 

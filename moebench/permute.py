@@ -24,6 +24,7 @@ import torch
 
 import moebench.ops as ops
 from moebench import results
+from moebench.timing import kernel_profile
 
 DEFAULT_SHAPES = "4096x7168x8x256,16384x7168x8x256,8192x2048x8x128,8192x4096x8x128"
 CPU_SHAPES = "64x128x4x8"
@@ -144,23 +145,6 @@ def write_trace(bench, fn, path, n=4):
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         bench.time(fn, iters=n)
     prof.export_chrome_trace(path)
-
-
-def kernel_profile(fn, n=5) -> list[dict]:
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    rows = []
-    for ev in prof.key_averages():
-        dev_us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-        if dev_us and ev.count:
-            rows.append({"kernel": ev.key[:80], "calls_per_iter": ev.count / n,
-                         "us_per_iter": dev_us / n})
-    return sorted(rows, key=lambda r: -r["us_per_iter"])[:8]
 
 
 # ---------------------------------------------------------------- implementations
@@ -307,7 +291,7 @@ def run_shape(shape, a, bench, copy_GBps, device, prov, cmd):
                            bytes=nbytes, GBps=round(nbytes / med / 1e3, 1),
                            frac_of_copy=round(nbytes / med / 1e3 / copy_GBps, 3))
                 if a.profile and bench.cuda:
-                    rec["kernels"] = kernel_profile(fn)
+                    rec["kernels"] = kernel_profile(fn, cuda=True)
                     rec["host_us"] = round(bench.host_us(fn), 1)
                 if a.trace and bench.cuda:
                     os.makedirs(a.trace, exist_ok=True)

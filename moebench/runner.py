@@ -15,7 +15,7 @@ import torch.distributed as dist
 from . import ceilings, reference, results, traffic
 from .backends import base
 from .launch import LaunchError, RankContext, run_ranks
-from .timing import Timer
+from .timing import Timer, kernel_profile
 from .workload import Workload, WorkloadError
 
 
@@ -29,6 +29,7 @@ class Options:
     knobs: dict = field(default_factory=dict)        # passed to every backend (num_sms, ops_impl, ...)
     ceiling_gbps: float | None = None
     measure_ceiling: bool = True
+    profile: bool = False                            # also record each phase's kernels (profiler)
 
 
 def _result(status: str, error: str = "") -> dict:
@@ -103,6 +104,8 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
     phases.update(b.extra_phases(payload, idx, wt))
     for phase, fn in phases.items():
         out["phases"][phase] = timer.run(fn, opts.iters, opts.warmup_ms).asdict()
+        if opts.profile:
+            out.setdefault("kernels", {})[phase] = kernel_profile(fn, timer.cuda)
     if measure:
         bytes_per_rank = w.num_tokens * w.topk * w.bytes_per_token
         out["a2a"] = ceilings.measure_alltoall(timer, ctx.group, dev, bytes_per_rank, opts.iters)
@@ -188,6 +191,7 @@ def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
             "backend": {"name": name, "version": res.get("version"), "knobs": res.get("knobs"),
                         "dedup": cls.dedup},
             "phase": phase, "timing": timing, "traffic": rec_traffic,
+            **({"kernels": res["kernels"][phase]} if phase in res.get("kernels", {}) else {}),
             "check": {"status": res["status"], "error": res.get("error") or None},
             "byte_rule": "moebench/1: pairs = (token, destination rank); algbw incl. local, busbw remote only",
             "env": prov, "start_utc": start, "end_utc": results.utc_now(),

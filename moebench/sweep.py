@@ -171,6 +171,8 @@ def case_argv(args, case: Case) -> list[str]:
         argv += ["--iters", args.iters]
     if args.warmup_ms is not None:
         argv += ["--warmup-ms", args.warmup_ms]
+    if getattr(args, "profile", False):
+        argv += ["--profile"]
     return [str(a) for a in argv]
 
 

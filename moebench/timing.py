@@ -90,3 +90,26 @@ class Timer:
         self.warmup(fn, warmup_ms)
         times = self.agree_max([self._once(fn) for _ in range(iters)])
         return stats(times, "cuda-event" if self.cuda else "host-clock (CPU: functional only)")
+
+
+def kernel_profile(fn, cuda: bool, n: int = 5, top: int = 8) -> list[dict]:
+    """The op's own pieces, under torch.profiler: per GPU kernel (CUDA) or per top-level torch op
+    (CPU), calls and microseconds per call of fn, largest first. fn runs once more untimed before
+    the n profiled calls; on several ranks every rank must call this (fn may hold collectives)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    acts = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with profile(activities=acts) as prof:
+        for _ in range(n):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        us = ((getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)) if cuda
+              else ev.self_cpu_time_total)
+        if us and ev.count:
+            rows.append({"kernel": ev.key[:80], "calls_per_iter": ev.count / n, "us_per_iter": us / n})
+    return sorted(rows, key=lambda r: -r["us_per_iter"])[:top]

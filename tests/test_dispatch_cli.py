@@ -29,6 +29,20 @@ def test_ep4_cpu_run_writes_valid_jsonl(tmp_path):
         json.dumps(r)
 
 
+def test_profile_records_each_phase_pieces(tmp_path):
+    out = tmp_path / "r.jsonl"
+    rc = dispatch.main(["--ep", "2", "--device", "cpu", "--backend", "alltoall", "--num-tokens", "32",
+                        "--hidden", "64", "--num-experts", "8", "--topk", "2", "--iters", "2",
+                        "--profile", "--out", str(out)])
+    assert rc == 0
+    recs = read_jsonl(out)
+    assert [r["phase"] for r in recs] == ["dispatch", "combine"]
+    for r in recs:
+        names = [k["kernel"] for k in r["kernels"]]
+        assert names and all(k["us_per_iter"] > 0 and k["calls_per_iter"] > 0 for k in r["kernels"])
+        assert any("all_to_all" in n or "alltoall" in n for n in names), names   # the exchange shows up
+
+
 def test_joins_torchrun_and_only_rank0_reports(tmp_path):
     out = tmp_path / "r.jsonl"
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
