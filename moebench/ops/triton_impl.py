@@ -141,6 +141,18 @@ def _slot_rows(idx_ptr, lrank_ptr, base_ptr, estart_ptr, row_map_ptr, t, E, SB, 
 
 
 @triton.jit
+def _copy_scales(s_ptr, outs_ptr, t, row, WS, KP: tl.constexpr, BS: tl.constexpr):
+    """Token t's scale row (WS words) to its rows (row >= 0)."""
+    ok = row >= 0
+    row64 = tl.where(ok, row, 0).to(tl.int64)
+    hs = tl.arange(0, BS)
+    ms = hs < WS
+    v = tl.load(s_ptr + t * WS + hs, mask=ms)
+    tl.store(outs_ptr + row64[:, None] * WS + hs[None, :], tl.broadcast_to(v[None, :], (KP, BS)),
+             mask=ok[:, None] & ms[None, :])
+
+
+@triton.jit
 def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr, estart_ptr,
                   row_map_ptr, W, WS, E, SB, K: tl.constexpr, KP: tl.constexpr, BH: tl.constexpr,
                   HAS_S: tl.constexpr, BS: tl.constexpr):
@@ -155,11 +167,7 @@ def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr,
         tl.store(out_ptr + row64[:, None] * W + h[None, :], tl.broadcast_to(v[None, :], (KP, BH)),
                  mask=ok[:, None] & mh[None, :])
     if HAS_S:
-        hs = tl.arange(0, BS)
-        ms = hs < WS
-        v = tl.load(s_ptr + t * WS + hs, mask=ms)
-        tl.store(outs_ptr + row64[:, None] * WS + hs[None, :], tl.broadcast_to(v[None, :], (KP, BS)),
-                 mask=ok[:, None] & ms[None, :])
+        _copy_scales(s_ptr, outs_ptr, t, row, WS, KP, BS)
 
 
 @triton.jit
@@ -176,7 +184,6 @@ def _permute_copy_tma(x_ptr, s_ptr, out_desc, outs_ptr, idx_ptr, lrank_ptr, base
     that)."""
     t = tl.program_id(0).to(tl.int64)
     row = _slot_rows(idx_ptr, lrank_ptr, base_ptr, estart_ptr, row_map_ptr, t, E, SB, K, KP)
-    ok = row >= 0
     ks = tl.arange(0, KP)
     ci0 = tl.arange(0, NB)
     wi0 = tl.arange(0, BB)
@@ -192,12 +199,7 @@ def _permute_copy_tma(x_ptr, s_ptr, out_desc, outs_ptr, idx_ptr, lrank_ptr, base
                 if rk >= 0:
                     out_desc.store([rk, c0, w0], v3)
     if HAS_S:
-        row64 = tl.where(ok, row, 0).to(tl.int64)
-        hs = tl.arange(0, BS)
-        ms = hs < WS
-        v = tl.load(s_ptr + t * WS + hs, mask=ms)
-        tl.store(outs_ptr + row64[:, None] * WS + hs[None, :], tl.broadcast_to(v[None, :], (KP, BS)),
-                 mask=ok[:, None] & ms[None, :])
+        _copy_scales(s_ptr, outs_ptr, t, row, WS, KP, BS)
 
 
 @triton.jit
