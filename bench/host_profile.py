@@ -6,15 +6,16 @@ Each impl: 200 calls, the GPU synchronised after each; prints the top functions 
 import cProfile
 import pstats
 import sys
-import time
 
 import torch
 
 import moebench.ops as ops
+from moebench.permute import Bench
 
 args = sys.argv[1:]
 T, H, K, E = (int(v) for v in args[:4]) if len(args) >= 4 else (8192, 2048, 8, 128)
 impls = args[4:] or ["cuda", "triton"]
+bench = Bench(torch.device("cuda"), iters=1, flush=False)
 x = torch.randn(T, H, device="cuda").bfloat16()
 idx = torch.topk(torch.rand(T, E, device="cuda"), K, dim=1).indices
 for impl in impls:
@@ -22,15 +23,7 @@ for impl in impls:
         fn = lambda: ops.permute(x, idx, E, impl=impl, num_out_rows=n_out)  # noqa: E731
         for _ in range(20):
             fn()
-        torch.cuda.synchronize()
-        t = []
-        for _ in range(50):
-            t0 = time.perf_counter()
-            fn()
-            t.append(time.perf_counter() - t0)
-            torch.cuda.synchronize()
-        t.sort()
-        print(f"## {impl} num_out_rows={n_out}: host median {t[25] * 1e6:.1f} us per call")
+        print(f"## {impl} num_out_rows={n_out}: host median {bench.host_us(fn, n=50):.1f} us per call")
         if n_out is None:
             pr = cProfile.Profile()
             pr.enable()
