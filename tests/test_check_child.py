@@ -64,3 +64,20 @@ def test_crashing_probe_is_a_fail_row_and_the_run_goes_on():
     res = run(checks, Context(options=None))
     assert [r.status for r in res] == [FAIL, FAIL, PASS]
     assert "SIGSEGV" in res[0].summary and "ZeroDivisionError" in res[1].summary
+
+
+def test_segfault_hint_is_the_crash_site_not_the_module_list():
+    r = child.run_code("import json, ctypes\ndef build_buffer():\n    ctypes.string_at(0)\nbuild_buffer()", 60)
+    assert r.signal == "SIGSEGV"
+    hint = r.failure()
+    assert "Extension modules" not in hint and "(total:" not in hint
+    assert hint.startswith("killed by SIGSEGV; Segmentation fault at ") and "in build_buffer" in hint
+
+
+def test_hint_prefers_the_line_the_library_printed_before_dying():
+    stderr = ("Inter-node communication is not supported. Please rebuild with HYBRID_EP_MULTINODE flag\n"
+              "Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n"
+              '  File "/x/hybrid_ep_buffer.py", line 100 in __init__\n\nExtension modules: numpy (total: 1)\n')
+    assert child.error_line(stderr).startswith("Inter-node communication is not supported")
+    assert child.error_line("warnings\nValueError: bad\n") == "ValueError: bad"
+    assert child.error_line("") == ""

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,8 +68,37 @@ class ChildResult:
             how = f"exited with code {self.returncode}"
         else:
             how = "exited without a result"
-        last = self.stderr_tail(1).strip()
-        return f"{how}" + (f"; stderr: {last[:300]}" if last else "")
+        hint = error_line(self.stderr)
+        return f"{how}" + (f"; {hint[:300]}" if hint else "")
+
+
+NOISE = ("Extension modules:", "(total:", "Current thread", "Thread 0x", "Fatal Python error: Aborted",
+         "warnings.warn(", "Warning:", "UserWarning")
+ERROR_WORDS = ("error", "Error", "abort", "Assertion", "assert", "not supported", "failed", "Segmentation")
+
+
+def error_line(stderr: str) -> str:
+    """The line of a crashed child's stderr that says what went wrong, for a one-line hint.
+
+    A native crash under faulthandler ends with its list of extension modules, which says nothing:
+    prefer a line a library printed before dying (a CUDA error, an assertion, HybridEP's
+    "Inter-node communication is not supported"), else the innermost Python frame of the crashed
+    thread outside the standard library ("File ..., line N in f"), else the last line that is not faulthandler boilerplate."""
+    lines = [l.strip() for l in stderr.splitlines() if l.strip()]
+    fatal = next((i for i, l in enumerate(lines) if l.startswith("Fatal Python error")), None)
+    before = lines[:fatal] if fatal is not None else lines
+    said = [l for l in before if any(w in l for w in ERROR_WORDS) and not l.startswith(NOISE)
+            and not l.startswith("File ")]
+    if said:
+        return said[-1]
+    if fatal is not None:
+        frames = [l for l in lines[fatal:] if l.startswith("File ")]
+        stdlib = f'File "{sysconfig.get_paths()["stdlib"]}/'
+        frame = next((l for l in frames if not l.startswith(stdlib) or "site-packages" in l), frames[0] if frames else "")
+        where = f" at {frame.removeprefix('File ')}" if frame else ""
+        return lines[fatal].removeprefix("Fatal Python error: ") + where
+    rest = [l for l in lines if not l.startswith(NOISE)]
+    return f"stderr: {rest[-1]}" if rest else ""
 
 
 def _env(extra: dict | None) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..backends.deepep import HINT as DEEPEP_HINT
 from ..results import installed
-from . import buildkind, child
+from . import buildkind, child, imports
 from .baseline import rows_from_records
 from ..toolkit import find_nvcc
 from .comm import gpu_count
@@ -24,30 +24,8 @@ DEEPEP_RANKS = (2, 4, 8)
 DOMAIN_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
 
 
-def deep_ep_probe() -> dict:
-    """Child side: import deep_ep (and hybrid_ep_cpp) and say what they export."""
-    try:
-        import deep_ep
-    except Exception as e:  # noqa: BLE001 - reported as the exact error
-        return {"import_error": f"{type(e).__name__}: {e}"}
-    out = {"file": getattr(deep_ep, "__file__", None), "version": getattr(deep_ep, "__version__", None),
-           "Buffer": hasattr(deep_ep, "Buffer"), "HybridEPBuffer": hasattr(deep_ep, "HybridEPBuffer"),
-           "ElasticBuffer": hasattr(deep_ep, "ElasticBuffer"), "megatron_api_error": None}
-    try:
-        from deep_ep.utils import EventHandle, EventOverlap  # noqa: F401 - Megatron's fused_a2a import
-    except Exception as e:  # noqa: BLE001
-        out["megatron_api_error"] = f"{type(e).__name__}: {e}"
-    if out["HybridEPBuffer"]:
-        try:
-            import hybrid_ep_cpp
-            out["hybrid_ep_cpp"] = getattr(hybrid_ep_cpp, "__file__", None)
-        except Exception as e:  # noqa: BLE001
-            out["hybrid_ep_cpp_error"] = f"{type(e).__name__}: {e}"
-    return out
-
-
 def _probe(ctx: Context):
-    return ctx.cached("deep_ep_probe", lambda: child.run_function("moebench.checks.ep:deep_ep_probe", {}, 180))
+    return imports.probe(ctx, "deep_ep_probe")
 
 
 def _deepep_unusable(ctx: Context):
@@ -241,27 +219,6 @@ def check_hybridep_roundtrip(ctx: Context):
     return roundtrip(ctx, "hybridep", [{"mode": "permute"}, {"mode": "plain"}])
 
 
-def megatron_probe() -> dict:
-    """Child side: import megatron.core and read what its fused_a2a found."""
-    try:
-        import megatron.core as mc
-        from megatron.core.transformer.moe import fused_a2a
-    except Exception as e:  # noqa: BLE001
-        return {"import_error": f"{type(e).__name__}: {e}"}
-    out = {"version": getattr(mc, "__version__", None), "HAVE_DEEP_EP": getattr(fused_a2a, "HAVE_DEEP_EP", None),
-           "HAVE_HYBRIDEP": getattr(fused_a2a, "HAVE_HYBRIDEP", None)}
-    try:
-        from deep_ep import Buffer  # noqa: F401 - the same imports fused_a2a tries
-        from deep_ep.utils import EventHandle, EventOverlap  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        out["deep_ep_error"] = f"{type(e).__name__}: {e}"
-    try:
-        from deep_ep import HybridEPBuffer  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        out["hybridep_error"] = f"{type(e).__name__}: {e}"
-    return out
-
-
 def judge_megatron(v: dict, deep_ep: bool, hybrid: bool) -> list[str]:
     problems = []
     if deep_ep and not v.get("HAVE_DEEP_EP"):
@@ -277,7 +234,7 @@ def judge_megatron(v: dict, deep_ep: bool, hybrid: bool) -> list[str]:
 def check_megatron(ctx: Context):
     if not installed("megatron"):
         return waived("megatron-core not installed")
-    r = child.run_function("moebench.checks.ep:megatron_probe", {}, 300)
+    r = imports.probe(ctx, "megatron_probe")
     if not r.ok:
         return failed(f"import megatron.core {r.failure()}", stderr=r.stderr_tail())
     v = r.value

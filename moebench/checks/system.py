@@ -12,7 +12,7 @@ from pathlib import Path
 from .. import ceilings, topology
 from ..results import dist_version
 from ..topology import nvml
-from . import buildkind
+from . import buildkind, imports
 from .registry import Context, failed, passed, register, waived
 
 # NVLink links per GPU by SKU substring (first match wins); PCIe and "NVL" boards: unknown
@@ -58,7 +58,11 @@ def check_env(ctx: Context):
         "cuda_home": os.environ.get("CUDA_HOME"),
     }
     de = v["deep_ep_files"]
-    dep = "absent" if not de.get("installed") else f"{v['deep_ep'] or '?'} [{de['line']}" + (
+    if de.get("installed"):   # a version only for a package that imports (probed in a child)
+        v["deep_ep"] = imports.shown_version(imports.probe(ctx, "deep_ep_probe"), v["deep_ep"])
+    if v["megatron_core"]:
+        v["megatron_core"] = imports.shown_version(imports.probe(ctx, "megatron_probe"), v["megatron_core"])
+    dep = "absent" if not de.get("installed") else f"{v['deep_ep']} [{de['line']}" + (
         f", HybridEP {de['hybridep_build']}" if de.get("hybridep_build") else "") + "]"
     show = ("python", "torch", "cuda", "driver", "nccl", "triton", "nvshmem", "megatron_core")
     return passed(" ".join(f"{k}={v[k] or '-'}" for k in show) + f" deep_ep={dep}", versions=v)
