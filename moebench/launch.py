@@ -3,6 +3,12 @@
 Every collective carries the process-group timeout, and the parent waits on its children with a
 deadline: a rank that raises, crashes or hangs ends the run with a non-zero exit and that rank's
 error, never a hang. Local ranks use gloo on CPU and NCCL on GPU.
+
+Shared-GPU ranks (`ranks_per_gpu` > 1): several rank processes on one GPU (rank r on GPU
+r // ranks_per_gpu), for functional runs of the real backends where fewer GPUs are lent than EP
+ranks. NCCL refuses two ranks on one device ("Duplicate GPU detected"), so the group is gloo;
+backends exchange their CUDA IPC handles through it, and IPC works between processes on one
+device. The ranks' kernels time-slice the GPU: such times are functional only.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ class RankContext:
     device: torch.device
     group: object            # the EP process group (the world group)
     local_rank: int = 0
+    ranks_per_gpu: int = 1   # > 1: shared-GPU ranks (gloo group, functional only)
 
 
 def joined_env() -> tuple[int, int, int] | None:
@@ -48,25 +55,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _init(rank: int, world: int, local_rank: int, device_type: str, timeout_s: float) -> RankContext:
+def gpu_of(local_rank: int, ranks_per_gpu: int = 1) -> int:
+    """The GPU a local rank runs on: ranks_per_gpu consecutive ranks share one GPU."""
+    return local_rank // ranks_per_gpu
+
+
+def pg_backend(device_type: str, ranks_per_gpu: int = 1) -> str:
+    """gloo on CPU and for shared-GPU ranks (NCCL wants one rank per GPU), else NCCL."""
+    return "nccl" if device_type == "cuda" and ranks_per_gpu == 1 else "gloo"
+
+
+def _init(rank: int, world: int, local_rank: int, device_type: str, timeout_s: float,
+          ranks_per_gpu: int = 1) -> RankContext:
     if device_type == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-        backend = "nccl"
+        device = torch.device("cuda", gpu_of(local_rank, ranks_per_gpu))
+        torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        backend = "gloo"
         torch.set_num_threads(1)
-    kw = {"device_id": device} if device_type == "cuda" else {}
+    backend = pg_backend(device_type, ranks_per_gpu)
+    kw = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s), **kw)
-    return RankContext(rank, world, device, dist.group.WORLD, local_rank)
+    return RankContext(rank, world, device, dist.group.WORLD, local_rank, ranks_per_gpu)
 
 
-def _child(rank, world, device_type, timeout_s, port, fn, args, results):
+def _child(rank, world, device_type, timeout_s, port, fn, args, results, ranks_per_gpu=1):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
-        ctx = _init(rank, world, rank, device_type, timeout_s)
+        ctx = _init(rank, world, rank, device_type, timeout_s, ranks_per_gpu)
         out = fn(ctx, *args)
         results.put((rank, "ok", out))
         dist.destroy_process_group()
@@ -75,16 +92,17 @@ def _child(rank, world, device_type, timeout_s, port, fn, args, results):
         raise SystemExit(1)
 
 
-def run_ranks(fn, world: int, device_type: str = "cpu", timeout_s: float = 300.0, args: tuple = ()) -> list:
+def run_ranks(fn, world: int, device_type: str = "cpu", timeout_s: float = 300.0, args: tuple = (),
+              ranks_per_gpu: int = 1) -> list:
     """fn(ctx, *args) on `world` ranks; returns every rank's result, in rank order (rank 0's
     process only when joined to torchrun/Slurm: other ranks get [])."""
     joined = joined_env()
     if joined is not None:
-        return _run_joined(fn, joined, device_type, timeout_s, args)
+        return _run_joined(fn, joined, device_type, timeout_s, args, ranks_per_gpu)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(r, world, device_type, timeout_s, port, fn, args, results),
+    procs = [ctx.Process(target=_child, args=(r, world, device_type, timeout_s, port, fn, args, results, ranks_per_gpu),
                          daemon=True) for r in range(world)]
     for p in procs:
         p.start()
@@ -138,9 +156,9 @@ def _signal_name(code: int) -> str:
     return "error exit"
 
 
-def _run_joined(fn, joined, device_type, timeout_s, args) -> list:
+def _run_joined(fn, joined, device_type, timeout_s, args, ranks_per_gpu=1) -> list:
     rank, world, local_rank = joined
-    ctx = _init(rank, world, local_rank, device_type, timeout_s)
+    ctx = _init(rank, world, local_rank, device_type, timeout_s, ranks_per_gpu)
     try:
         out = fn(ctx, *args)
         gathered = [None] * world if rank == 0 else None

@@ -21,6 +21,7 @@ Legend: T tokens, H hidden, K top-k, L local experts, N received tokens, R group
 from __future__ import annotations
 
 import importlib.util
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,9 @@ NORMAL_RANKS = (2, 4, 8, 16, 32, 64, 128, 144, 160)
 LL_HIDDEN = (2048, 2560, 4096, 5120, 6144, 7168, 8192)   # SWITCH_HIDDEN in csrc/kernels/launch.cuh (no 3072)
 LL_MAX_TOPK = 11
 LL_MAX_BUFFER_GiB = 16.0
+NVLINK_BYPASS = ("deep_ep.buffer.check_nvlink_connections (NVML has no NVLink P2P status "
+                 "of a GPU with itself)")
+NO_NVSHMEM = "NVSHMEM is disabled during compilation"
 
 
 def find(module: str) -> tuple[bool, str]:
@@ -58,6 +62,34 @@ def import_deep_ep(attr: str):
     if not hasattr(deep_ep, attr):
         raise Unavailable(f"deep_ep {getattr(deep_ep, '__version__', '?')} has no deep_ep.{attr}; {HINT}")
     return deep_ep, getattr(deep_ep, attr)
+
+
+def bypass_nvlink_check() -> str:
+    """Shared-GPU ranks only: Buffer.__init__ asks NVML whether every pair of ranks' GPUs is
+    NVLink-connected, which NVML cannot answer for a GPU and itself. Buffer calls the name it
+    imported into deep_ep.buffer, so that is the one replaced (Megatron's Buffer too)."""
+    import deep_ep.buffer
+    deep_ep.buffer.check_nvlink_connections = lambda *args, **kwargs: None
+    return NVLINK_BYPASS
+
+
+def new_buffer(Buffer, *args, **kwargs):
+    """Buffer(...) with explicitly_destroy where this DeepEP has it (its destructor can hang
+    during exception handling); a build without NVSHMEM cannot serve RDMA or low-latency mode."""
+    if "explicitly_destroy" in inspect.signature(Buffer.__init__).parameters:
+        kwargs["explicitly_destroy"] = True
+    try:
+        return Buffer(*args, **kwargs)
+    except RuntimeError as e:
+        if NO_NVSHMEM in str(e):
+            raise Unavailable(f"this deep_ep was built without NVSHMEM ({NO_NVSHMEM}): no low-latency "
+                              "or cross-node mode") from e
+        raise
+
+
+def destroy(buffer) -> None:
+    if buffer is not None and getattr(buffer, "explicitly_destroy", False):
+        buffer.destroy()
 
 
 @dataclass
@@ -128,6 +160,8 @@ class DeepEPBackend(Backend):
         Buffer.set_num_sms(self.num_sms)
         self.impl = self.knob_values.get("ops_impl", "auto")     # "auto": the fastest per op
         self.idx_dtype = getattr(self.deep_ep, "topk_idx_t", torch.int64)
+        if self.shared_gpu:
+            self.bypassed.append(bypass_nvlink_check())
         self.buffer = self._make_buffer(Buffer, group, w)
 
     def _make_buffer(self, Buffer, group, w):
@@ -135,7 +169,7 @@ class DeepEPBackend(Backend):
         cfgs = (Buffer.get_dispatch_config(R), Buffer.get_combine_config(R))
         nvl = max(c.get_nvl_buffer_size_hint(hidden_bytes, R) for c in cfgs)
         rdma = max(c.get_rdma_buffer_size_hint(hidden_bytes, R) for c in cfgs) if R > 8 else 0
-        return Buffer(group, nvl, rdma)
+        return new_buffer(Buffer, group, nvl, rdma)
 
     def knobs(self):
         return {**super().knobs(), "num_sms": getattr(self, "num_sms", None), "local_permute_impl": getattr(self, "impl", None)}
@@ -166,6 +200,7 @@ class DeepEPBackend(Backend):
         return {"layout": lambda: self._layout(idx)}
 
     def teardown(self):
+        destroy(getattr(self, "buffer", None))
         self.buffer = None
 
 
@@ -200,7 +235,7 @@ class DeepEPLowLatencyBackend(DeepEPBackend):
     def _make_buffer(self, Buffer, group, w):
         R = self.world
         rdma = Buffer.get_low_latency_rdma_size_hint(w.num_tokens, w.hidden, R, w.num_experts)
-        return Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=max(1, w.num_experts // R))
+        return new_buffer(Buffer, group, 0, rdma, low_latency_mode=True, num_qps_per_rank=max(1, w.num_experts // R))
 
     def knobs(self):
         return {**Backend.knobs(self), "local_permute_impl": getattr(self, "impl", None)}
