@@ -36,6 +36,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, help="timed iterations (default 20; CPU 5)")
     p.add_argument("--warmup-ms", type=float, help="warm-up budget per phase (default 200; CPU 0)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--ranks-per-gpu", type=int, default=1, metavar="N",
+                   help="shared-GPU ranks: N EP ranks per GPU (gloo group, CUDA IPC on one device) to run "
+                        "real backends on fewer GPUs than EP ranks; functional only, never performance figures")
     p.add_argument("--out", default="moebench-dispatch.jsonl", help="JSONL file to append to")
     p.add_argument("--ceiling-gbps", type=float, help="override the nominal per-GPU link ceiling")
     p.add_argument("--num-sms", type=int, help="SMs for deepep/hybridep kernels")
@@ -51,9 +54,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def pick_device(requested: str, ep: int) -> tuple[str, str]:
-    """(device, note). EP larger than the visible GPUs is an error only when cuda was asked for."""
+def pick_device(requested: str, ep: int, ranks_per_gpu: int = 1) -> tuple[str, str]:
+    """(device, note). EP larger than the visible GPUs is an error only when cuda was asked for.
+    With shared-GPU ranks, EP ranks need ceil(EP / ranks_per_gpu) GPUs and the device is cuda."""
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if ranks_per_gpu < 1:
+        raise WorkloadError(f"--ranks-per-gpu must be >= 1, got {ranks_per_gpu}")
+    if ranks_per_gpu > 1:
+        need = -(-ep // ranks_per_gpu)
+        if requested == "cpu" or ngpu == 0:
+            raise WorkloadError(f"--ranks-per-gpu {ranks_per_gpu} shares GPUs between ranks, but "
+                                f"{'--device cpu was asked for' if requested == 'cpu' else 'no GPU is visible'}")
+        if need > ngpu:
+            raise WorkloadError(f"--ep {ep} with --ranks-per-gpu {ranks_per_gpu} needs {need} GPUs but {ngpu} "
+                                "are visible")
+        return "cuda", (f"{ep} ranks sharing {need} GPU(s) ({ranks_per_gpu} per GPU, gloo group): "
+                        "functional only, NOT performance figures")
     joined = joined_env()
     if joined is not None:
         if joined[1] != ep:
@@ -72,7 +88,7 @@ def pick_device(requested: str, ep: int) -> tuple[str, str]:
 
 
 def build(args) -> tuple[Workload, list[str], Options, str]:
-    device, note = pick_device(args.device, args.ep)
+    device, note = pick_device(args.device, args.ep, args.ranks_per_gpu)
     cpu = device == "cpu"
     shape = {"num_tokens": args.num_tokens, "hidden": args.hidden}
     for k, v in shape.items():
@@ -95,7 +111,7 @@ def build(args) -> tuple[Workload, list[str], Options, str]:
     opts = Options(device=device, iters=args.iters or (5 if cpu else 20),
                    warmup_ms=args.warmup_ms if args.warmup_ms is not None else (0.0 if cpu else 200.0),
                    flush_l2=not args.no_flush_l2, timeout_s=args.timeout, knobs=knobs,
-                   ceiling_gbps=args.ceiling_gbps, profile=args.profile)
+                   ceiling_gbps=args.ceiling_gbps, profile=args.profile, ranks_per_gpu=args.ranks_per_gpu)
     return w, names, opts, note
 
 
@@ -122,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {len(records)} records appended to {args.out}")
     if opts.device == "cpu":
         print("# CPU/gloo run: the times above are functional only, not performance figures")
+    elif opts.functional:
+        print("# shared-GPU run: ranks time-slice one GPU; the times above are functional only, "
+              "not performance figures")
     failed = sorted({r["backend"]["name"] for r in records if r["check"]["status"] == "FAIL"})
     if failed:
         print(f"# FAIL: {', '.join(failed)}", file=sys.stderr)

@@ -26,7 +26,11 @@ import torch.multiprocessing as mp
 
 
 class LaunchError(RuntimeError):
-    """A rank failed, crashed or timed out."""
+    """A rank failed, crashed or timed out; `crash` names the signal that killed a rank, or "hang"."""
+
+    def __init__(self, msg: str, crash: str | None = None):
+        super().__init__(msg)
+        self.crash = crash
 
 
 @dataclass
@@ -137,13 +141,16 @@ def _collect(procs, results, world: int, timeout_s: float) -> list:
             grace_end = time.monotonic() + 2.0
         if grace_end is None and now > deadline:
             missing = sorted(set(range(world)) - set(got))
-            raise LaunchError(f"ranks {missing} did not finish within {timeout_s:.0f} s (timeout)")
+            raise LaunchError(f"ranks {missing} did not finish within {timeout_s:.0f} s (timeout)", crash="hang")
     if len(got) == world:
         return [got[r] for r in range(world)]
     crashed = [f"rank {r} died with exit code {p.exitcode} ({_signal_name(p.exitcode)}) before reporting"
                for r, p in enumerate(procs) if r not in got and r not in errors and p.exitcode not in (None, 0)]
     failed = [f"rank {r} failed: {e}" for r, e in sorted(errors.items())]
-    raise LaunchError("; ".join(crashed + failed) or "ranks stopped without reporting")
+    signals = [_signal_name(p.exitcode) for r, p in enumerate(procs)
+               if r not in got and r not in errors and p.exitcode not in (None, 0)]
+    raise LaunchError("; ".join(crashed + failed) or "ranks stopped without reporting",
+                      crash=next((s_ for s_ in signals if s_.startswith("SIG")), None))
 
 
 def _signal_name(code: int) -> str:

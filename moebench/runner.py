@@ -30,6 +30,12 @@ class Options:
     ceiling_gbps: float | None = None
     measure_ceiling: bool = True
     profile: bool = False                            # also record each phase's kernels (profiler)
+    ranks_per_gpu: int = 1                           # > 1: shared-GPU ranks, functional only
+
+    @property
+    def functional(self) -> bool:
+        """True when the times are not performance figures (CPU/gloo, or ranks sharing a GPU)."""
+        return self.device == "cpu" or self.ranks_per_gpu > 1
 
 
 def _result(status: str, error: str = "") -> dict:
@@ -51,6 +57,8 @@ class CheckFailed(Exception):
 
 
 WAIVED = "WAIVED: "
+SHARED_NOTE = ("EP ranks are processes sharing GPUs (gloo group, CUDA IPC on one device); their kernels "
+               "time-slice, so times are functional only, never performance figures")
 
 
 def _stage(fn, group) -> str:
@@ -81,7 +89,7 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
         nonlocal b
         cls = base.get(name)
         out["version"] = cls.version()
-        b = cls(knob_values=dict(opts.knobs))
+        b = cls(knob_values=dict(opts.knobs), shared_gpu=ctx.ranks_per_gpu > 1)
         b.validate(w, ctx.world)
         b.setup(ctx.group, w, dev)
         out["knobs"] = b.knobs()
@@ -94,7 +102,9 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
             raise CheckFailed(msg)
 
     err = _stage(prepare, ctx.group) or _stage(check, ctx.group)
+    out["bypassed"] = list(b.bypassed) if b else []
     if err:
+        _teardown(b)
         waived = err.startswith(WAIVED)
         out.update(status="WAIVED" if waived else "FAIL", error=err.removeprefix(WAIVED))
         return out
@@ -112,6 +122,15 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
     b.teardown()
     out.update(status="PASS", knobs=b.knobs())
     return out
+
+
+def _teardown(b) -> None:
+    """Release a backend's buffers after a failure too (DeepEP's destructor may hang otherwise)."""
+    try:
+        if b is not None:
+            b.teardown()
+    except Exception:  # noqa: BLE001 - the failure already reported is the one that matters
+        traceback.print_exc()
 
 
 def _expert_outputs(d: base.Dispatched, rank: int, w: Workload) -> torch.Tensor:
@@ -141,9 +160,10 @@ def _check(b, w, rank, payload, idx, wt, scales, dev):
 def run_backend(w: Workload, name: str, opts: Options, measure: bool) -> dict:
     """Launch the ranks for one backend; a crash or timeout becomes a FAIL result."""
     try:
-        outs = run_ranks(rank_main, w.ep, opts.device, opts.timeout_s, args=(w, name, opts, measure))
+        outs = run_ranks(rank_main, w.ep, opts.device, opts.timeout_s, args=(w, name, opts, measure),
+                         ranks_per_gpu=opts.ranks_per_gpu)
     except LaunchError as e:
-        return _result("FAIL", str(e).splitlines()[0][:500])
+        return {**_result("FAIL", str(e).splitlines()[0][:500]), "crash": e.crash}
     return outs[0] if outs else {}
 
 
@@ -158,7 +178,7 @@ def run_case(w: Workload, names: list[str], opts: Options, argv: list[str] | Non
             res = _result("WAIVED", why)
         else:
             progress(f"# running {name} on EP {w.ep} ...")
-            measure = opts.measure_ceiling and opts.device == "cuda" and measured is None   # NCCL only
+            measure = opts.measure_ceiling and not opts.functional and measured is None   # NCCL only
             res = run_backend(w, name, opts, measure=measure)
             measured = measured or res.get("a2a")
         if not res:
@@ -169,7 +189,7 @@ def run_case(w: Workload, names: list[str], opts: Options, argv: list[str] | Non
 
 def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
     prov = results.provenance()
-    gpu = prov.get("gpu") if opts.device == "cuda" else None
+    gpu = prov.get("gpu") if not opts.functional else None     # no ceiling fraction for functional runs
     cls = base.get(name)
     phases = res["phases"] or {"dispatch": None, "combine": None}
     recs = []
@@ -192,7 +212,11 @@ def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
                         "dedup": cls.dedup},
             "phase": phase, "timing": timing, "traffic": rec_traffic,
             **({"kernels": res["kernels"][phase]} if phase in res.get("kernels", {}) else {}),
-            "check": {"status": res["status"], "error": res.get("error") or None},
+            "check": {"status": res["status"], "error": res.get("error") or None,
+                      **({"crash": res["crash"]} if res.get("crash") else {})},
+            "functional": opts.functional,
+            "shared_gpu": ({"ranks_per_gpu": opts.ranks_per_gpu, "bypassed": res.get("bypassed") or [],
+                            "note": SHARED_NOTE} if opts.ranks_per_gpu > 1 else None),
             "byte_rule": "moebench/1: pairs = (token, destination rank); algbw incl. local, busbw remote only",
             "env": prov, "start_utc": start, "end_utc": results.utc_now(),
         })

@@ -88,7 +88,7 @@ def error_line(stderr: str) -> str:
     fatal = next((i for i, l in enumerate(lines) if l.startswith("Fatal Python error")), None)
     before = lines[:fatal] if fatal is not None else lines
     said = [l for l in before if any(w in l for w in ERROR_WORDS) and not l.startswith(NOISE)
-            and not l.startswith("File ")]
+            and not l.startswith("File ") and "Fatal Python error" not in l]
     if said:
         return said[-1]
     if fatal is not None:

@@ -3,8 +3,10 @@
 Every import of deep_ep, hybrid_ep_cpp and megatron.core happens in a child process (child.py): an
 install that segfaults or aborts on import is a FAIL row with the signal, and the import is tried
 even on a machine without GPUs. The round trips run `moebench.runner.run_case` (the same path as
-`python -m moebench.dispatch`) in a child, so HybridEP's abort across nodes or its segfault at world
-size 1 cannot take the report down.
+`python -m moebench.dispatch`) in a child, so a build that segfaults, aborts or hangs when its buffer
+is constructed is a FAIL row with the signal. With fewer GPUs than ranks they run as shared-GPU
+ranks (2 ranks on GPU 0), and with no GPU the construction is still tried on CPU ranks: a crash is
+FAIL, a clean "needs CUDA" error is WAIVED.
 """
 from __future__ import annotations
 
@@ -62,54 +64,86 @@ def check_deepep_import(ctx: Context):
                   f"{'yes' if v['HybridEPBuffer'] else 'no'}", probe=v, files=buildkind.deep_ep_layout())
 
 
-def roundtrip_child(backend: str, ep: int, num_tokens: int, hidden: int, num_experts: int, topk: int,
-                    iters: int, knobs: dict, timeout_s: float) -> list[dict]:
+def roundtrip_plan(n_gpus: int, sizes=None) -> tuple[str, int, int]:
+    """(device, EP, ranks per GPU) of a round trip: one rank per visible GPU where the backend
+    takes that many (`sizes`; None: any 2+), else 2 ranks sharing GPU 0 (shared-GPU mode), else,
+    with no GPU, 2 CPU ranks: the buffer construction is still tried, so a build that crashes
+    there is found on any machine."""
+    if n_gpus >= 2 and (sizes is None or n_gpus in sizes):
+        return "cuda", n_gpus, 1
+    if n_gpus >= 1:
+        return "cuda", 2, 2
+    return "cpu", 2, 1
+
+
+def roundtrip_child(backend: str, device: str, ep: int, ranks_per_gpu: int, num_tokens: int, hidden: int,
+                    num_experts: int, topk: int, iters: int, knobs: dict, timeout_s: float) -> list[dict]:
     """Child side: the dispatch + combine check against the oracle, then a short timing, via run_case."""
     from ..runner import Options, run_case
     from ..workload import Workload
     w = Workload(num_tokens=num_tokens, hidden=hidden, num_experts=num_experts, topk=topk, ep=ep,
                  gpus_per_node=ep)
-    argv = ["--backend", backend, "--ep", str(ep), "--device", "cuda", "--num-tokens", str(num_tokens),
+    argv = ["--backend", backend, "--ep", str(ep), "--device", device, "--num-tokens", str(num_tokens),
             "--hidden", str(hidden), "--num-experts", str(num_experts), "--topk", str(topk),
             "--gpus-per-node", str(ep), "--iters", str(iters)]
-    opts = Options(device="cuda", iters=iters, warmup_ms=100.0, timeout_s=timeout_s, knobs=dict(knobs),
-                   measure_ceiling=False)
+    if ranks_per_gpu > 1:
+        argv += ["--ranks-per-gpu", str(ranks_per_gpu)]
+    opts = Options(device=device, iters=iters, warmup_ms=100.0, timeout_s=timeout_s, knobs=dict(knobs),
+                   measure_ceiling=False, ranks_per_gpu=ranks_per_gpu)
     return run_case(w, [backend], opts, argv, progress=lambda *_: None)
 
 
-def roundtrip(ctx: Context, backend: str, variants: list[dict], num_tokens: int | None = None):
-    """Run the backend at the visible GPU count once per knob variant; one outcome for all."""
+def roundtrip(ctx: Context, backend: str, variants: list[dict], num_tokens: int | None = None, sizes=None):
+    """The backend's round trip once per knob variant (roundtrip_plan says where); one outcome.
+    A rank that crashes or hangs is FAIL with the signal and the line that says why."""
     o = ctx.options
-    ep = gpu_count()
+    device, ep, rpg = roundtrip_plan(gpu_count(), sizes)
+    where = f"EP {ep}" + (f" ({ep} ranks sharing GPU 0: functional only)" if rpg > 1 else "") + (
+        " on CPU (no GPU visible)" if device == "cpu" else "")
     recs = []
     for knobs in variants:
-        kw = {"backend": backend, "ep": ep, "num_tokens": num_tokens or o.num_tokens, "hidden": o.hidden,
-              "num_experts": o.num_experts, "topk": o.topk, "iters": o.iters, "knobs": knobs, "timeout_s": o.timeout}
-        r = child.run_function("moebench.checks.ep:roundtrip_child", kw, o.timeout + 60)
+        kw = {"backend": backend, "device": device, "ep": ep, "ranks_per_gpu": rpg,
+              "num_tokens": num_tokens or o.num_tokens, "hidden": o.hidden, "num_experts": o.num_experts,
+              "topk": o.topk, "iters": o.iters, "knobs": knobs, "timeout_s": o.timeout}
+        r = child.run_function("moebench.checks.ep:roundtrip_child", kw, o.timeout + 60,
+                               env={"PYTHONFAULTHANDLER": "1"})
+        label = f"{backend} {knobs or ''} {where}".replace("  ", " ")
         if not r.ok:
-            return failed(f"{backend} {knobs or ''} round trip {r.failure()}".replace("  ", " "), stderr=r.stderr_tail())
+            return failed(f"{label}: round trip {r.failure()}", stderr=r.stderr_tail())
+        bad = [rec for rec in r.value if rec["check"]["status"] == FAIL]
+        if bad:
+            err = bad[0]["check"].get("error") or "FAIL"
+            if device == "cpu" and not bad[0]["check"].get("crash"):
+                return waived(f"{label}: no GPU visible, so no round trip; the buffer construction ran and "
+                              f"raised (no crash): {err}", errors=[err])
+            crash = bad[0]["check"].get("crash")
+            if crash:   # the first rank's death, then the line that says why (all ranks are in `errors`)
+                hint = child.error_line(r.stderr)
+                err = err.split("; ")[0] + (f"; {hint}" if hint else "")
+            return failed(f"{label}: {err}", errors=[bad[0]["check"].get("error")], stderr=r.stderr_tail())
         recs += r.value
+    return judge_roundtrip(recs, backend, where)
+
+
+def judge_roundtrip(recs: list[dict], backend: str, where: str):
     status = {rec["check"]["status"] for rec in recs}
     errors = sorted({rec["check"]["error"] for rec in recs if rec["check"].get("error")})
-    if FAIL in status:
-        return failed(f"{backend} EP {ep}: {errors[0] if errors else 'FAIL'}", errors=errors)
     if status == {WAIVED}:
         return waived(f"{backend}: {errors[0] if errors else 'WAIVED'}", errors=errors)
     rows = rows_from_records(recs)
-    figures = ", ".join(f"{r_['backend']} {r_['phase']} {r_['GBps']:.0f}" for r_ in rows)
-    return passed(f"EP {ep}, T {recs[0]['workload']['num_tokens']}: oracle PASS; algbw GB/s: {figures}",
-                  rows=rows, records=[{k: rec[k] for k in ("backend", "phase", "timing", "traffic", "check")}
-                                      for rec in recs])
+    figures = ", ".join(f"{r_['backend']} {r_['phase']} {r_['GBps']:.3g}" for r_ in rows)
+    return passed(f"{where}, T {recs[0]['workload']['num_tokens']}: oracle PASS; algbw GB/s: {figures}"
+                  + (" (functional only)" if any(r_.get("functional") for r_ in recs) else ""),
+                  rows=rows, records=[{k: rec.get(k) for k in ("backend", "phase", "timing", "traffic", "check",
+                                                               "functional", "shared_gpu")} for rec in recs])
 
 
-@register("deepep.roundtrip", "deepep (legacy Buffer, normal mode) dispatch + combine against the oracle at the visible GPU count")
+@register("deepep.roundtrip", "deepep (legacy Buffer, normal mode) dispatch + combine against the oracle: "
+          "one rank per GPU on 2/4/8 GPUs, else 2 ranks sharing one GPU")
 def check_deepep_roundtrip(ctx: Context):
     if not installed("deep_ep"):
         return waived(f"deep_ep not installed; {DEEPEP_HINT}")
-    n = gpu_count()
-    if n not in DEEPEP_RANKS:
-        return waived(f"legacy deep_ep.Buffer runs intra-node on 2, 4 or 8 ranks; {n} GPU(s) visible")
-    return _import_failure(ctx) or roundtrip(ctx, "deepep", [{}])
+    return _import_failure(ctx) or roundtrip(ctx, "deepep", [{}], sizes=DEEPEP_RANKS)
 
 
 @register("deepep.ll-roundtrip", "deepep-ll (low-latency mode, NVSHMEM) dispatch + combine against the oracle")
@@ -118,7 +152,7 @@ def check_deepep_ll_roundtrip(ctx: Context):
         return waived(f"deep_ep not installed; {DEEPEP_HINT}")
     n = gpu_count()
     if n < 2:
-        return waived(f"low-latency mode needs 2+ ranks; {n} GPU(s) visible")
+        return waived(f"low-latency mode needs NVSHMEM across 2+ GPUs (no shared-GPU mode); {n} GPU(s) visible")
     return _import_failure(ctx) or roundtrip(ctx, "deepep-ll", [{}], num_tokens=ctx.options.ll_num_tokens)
 
 
@@ -208,14 +242,12 @@ def check_hybridep_domain(ctx: Context):
                   else "; ".join(notes), notes=notes, **d)
 
 
-@register("hybridep.roundtrip", "hybridep dispatch + combine (with-permute and plain) against the oracle at the visible GPU count")
+@register("hybridep.roundtrip", "hybridep dispatch + combine (with-permute and plain) against the oracle: "
+          "one rank per GPU on 2+ GPUs, else 2 ranks sharing one GPU")
 def check_hybridep_roundtrip(ctx: Context):
-    n = gpu_count()
     bad = _hybridep_missing(ctx)
     if bad:
         return bad
-    if n < 2:
-        return waived(f"HybridEP needs 2+ ranks (HybridEPBuffer segfaults at world size 1); {n} GPU(s) visible")
     return roundtrip(ctx, "hybridep", [{"mode": "permute"}, {"mode": "plain"}])
 
 

@@ -1,0 +1,6 @@
+class EventOverlap:
+    pass
+
+
+class EventHandle:
+    pass

@@ -1,0 +1,71 @@
+"""The container gate meets builds that crash: a deep_ep whose buffer constructor segfaults,
+aborts or hangs is FAIL (never WAIVED) with the signal and the crash site, even with no GPU
+visible; one that raises cleanly for lack of CUDA is WAIVED. Plus the shared-GPU plan and launch."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moebench import launch
+from moebench.checks.ep import roundtrip_plan
+
+FAKES = Path(__file__).parent / "fakes"
+SMALL = ["--num-tokens", "32", "--hidden", "256", "--num-experts", "8", "--topk", "2", "--iters", "2"]
+
+
+def run_check(tmp_path, ctor: str, keys=("deepep.roundtrip",), timeout="60"):
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"        # HybridEP's JIT check only looks for the file
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("")
+    env = {**os.environ, "PYTHONPATH": f"{FAKES}{os.pathsep}{Path.cwd()}", "FAKE_DEEP_EP_CTOR": ctor,
+           "CUDA_VISIBLE_DEVICES": "", "CUDA_HOME": str(nvcc.parent.parent)}
+    out = tmp_path / "check.json"
+    argv = [sys.executable, "-m", "moebench.check", *[a for k in keys for a in ("-t", k)], "--json", str(out),
+            "--timeout", timeout, *SMALL]
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    rows = {r["key"]: r for r in json.loads(out.read_text())["results"]}
+    return p, rows
+
+
+@pytest.mark.parametrize("ctor,signal", [("segv", "SIGSEGV"), ("abort", "SIGABRT")])
+def test_buffer_constructor_crash_is_fail_without_a_gpu(tmp_path, ctor, signal):
+    p, rows = run_check(tmp_path, ctor, keys=("deepep.roundtrip", "hybridep.roundtrip"))
+    assert p.returncode == 1, p.stdout + p.stderr
+    for key in ("deepep.roundtrip", "hybridep.roundtrip"):
+        r = rows[key]
+        assert r["status"] == "FAIL", r
+        assert signal in r["summary"] and "Extension modules" not in r["summary"]
+    assert "deep_ep/__init__.py" in rows["deepep.roundtrip"]["summary"]      # the crash site
+
+
+def test_clean_cuda_error_without_a_gpu_is_waived(tmp_path):
+    p, rows = run_check(tmp_path, "raise")
+    r = rows["deepep.roundtrip"]
+    assert r["status"] == "WAIVED" and "CUDA is not available" in r["summary"], r
+    assert p.returncode == 0
+
+
+def test_hanging_constructor_is_fail(tmp_path):
+    p, rows = run_check(tmp_path, "hang", timeout="8")
+    r = rows["deepep.roundtrip"]
+    assert r["status"] == "FAIL" and "timeout" in r["summary"], r
+
+
+def test_roundtrip_plan():
+    assert roundtrip_plan(8, (2, 4, 8)) == ("cuda", 8, 1)
+    assert roundtrip_plan(3, (2, 4, 8)) == ("cuda", 2, 2)      # 3 GPUs: no 3-rank kernels, share GPU 0
+    assert roundtrip_plan(3) == ("cuda", 3, 1)
+    assert roundtrip_plan(1) == ("cuda", 2, 2)
+    assert roundtrip_plan(0) == ("cpu", 2, 1)
+
+
+def test_shared_gpu_rank_to_device_and_group():
+    assert [launch.gpu_of(r, 2) for r in range(4)] == [0, 0, 1, 1]
+    assert [launch.gpu_of(r, 4) for r in range(8)] == [0] * 4 + [1] * 4
+    assert [launch.gpu_of(r) for r in range(3)] == [0, 1, 2]
+    assert launch.pg_backend("cuda", 2) == "gloo"          # NCCL refuses two ranks on one GPU
+    assert launch.pg_backend("cuda", 1) == "nccl"
+    assert launch.pg_backend("cpu", 1) == "gloo"
