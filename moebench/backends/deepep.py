@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -92,6 +94,23 @@ def destroy(buffer) -> None:
         buffer.destroy()
 
 
+def build_version() -> str:
+    """deep_ep's version for the record: the installed distribution's, else, for a source build
+    (setup.py build_ext --inplace, as bench/deepep_build.sh makes), the deepep_build.json beside
+    the package: version, commit and build kind."""
+    v = dist_version("deep_ep", "deep-ep")
+    if v:
+        return v
+    try:
+        spec = importlib.util.find_spec("deep_ep")
+        meta = Path(spec.origin).parent.parent / "deepep_build.json"
+        b = json.loads(meta.read_text())
+    except (ImportError, ValueError, AttributeError, TypeError, OSError):
+        return ""
+    fix = f", fix {b['fix']}" if b.get("fix") not in (None, "none") else ""
+    return f"{b.get('version', '?')} {b.get('branch', '')}@{str(b.get('commit', ''))[:10]} ({b.get('build_kind', '?')}{fix})"
+
+
 @dataclass
 class Grouped:
     x_RH: torch.Tensor
@@ -137,7 +156,7 @@ class DeepEPBackend(Backend):
 
     @classmethod
     def version(cls):
-        return dist_version("deep_ep", "deep-ep") or ""
+        return build_version()
 
     def validate(self, w, world):
         super().validate(w, world)

@@ -27,9 +27,8 @@ import torch.distributed as dist
 from .. import reference
 from ..workload import WorkloadError
 from .base import Backend, Dispatched, Unavailable
-from ..results import dist_version
 from ..toolkit import find_nvcc
-from .deepep import Grouped, find, group_by_local_expert, import_deep_ep, weighted_rows
+from .deepep import Grouped, build_version, find, group_by_local_expert, import_deep_ep, weighted_rows
 
 DOMAIN_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
 MODES = ("permute", "plain")
@@ -98,7 +97,7 @@ class HybridEPBackend(Backend):
 
     @classmethod
     def version(cls):
-        return dist_version("deep_ep", "deep-ep") or ""
+        return build_version()
 
     @property
     def mode(self) -> str:
