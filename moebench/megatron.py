@@ -17,6 +17,7 @@ import sys
 
 from . import flags as F
 from . import results
+from .toolkit import dist_version, installed
 
 VALIDATE_SCHEMA = "moebench.megatron.validate/1"
 FLAGS_SCHEMA = "moebench.megatron.flags/1"
@@ -64,7 +65,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def cmd_flags(args) -> int:
-    version = args.megatron_core_version or results.dist_version("megatron-core")
+    version = args.megatron_core_version or dist_version("megatron-core")
     if not version:
         raise F.FlagsError("megatron-core is not installed here: pass --megatron-core-version V")
     F.parse_version(version)
@@ -112,7 +113,7 @@ def _validate_env(args) -> tuple[str, int]:
     """(device type, world); raises FlagsError (exit 2) when this machine cannot run it."""
     import torch
     from .launch import joined_env
-    if not results.installed("megatron.core"):
+    if not installed("megatron.core"):
         raise F.FlagsError("validate needs megatron-core (pip install megatron-core)")
     joined = joined_env()
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -127,7 +128,7 @@ def _validate_env(args) -> tuple[str, int]:
         if world < 2:
             raise F.FlagsError(f"--dispatcher {args.dispatcher} needs EP >= 2 "
                                "(Megatron's flex dispatcher asserts TPxEP > 1)")
-        if not results.installed("deep_ep"):
+        if not installed("deep_ep"):
             raise F.FlagsError(f"--dispatcher {args.dispatcher} needs deep_ep installed (WAIVED here)")
     if args.num_experts % world:
         raise F.FlagsError(f"--num-experts {args.num_experts} is not divisible by EP {world}")

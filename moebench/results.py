@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -15,6 +13,8 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from .toolkit import dist_version
 
 SCHEMA = "moebench.result/1"
 ENV_ALLOWLIST = ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "NCCL_PROTO", "NCCL_ALGO", "NCCL_IB_HCA",
@@ -25,24 +25,6 @@ ENV_ALLOWLIST = ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "NCCL_PROTO", "NCCL
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def installed(module: str) -> bool:
-    """Whether `module` can be found, without importing it (a dotted name imports its parents)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def dist_version(*names: str) -> str | None:
-    """Version of the first installed distribution among `names` (spellings of one package); None if none."""
-    for n in names:
-        try:
-            return importlib.metadata.version(n)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def git_sha() -> str | None:

@@ -16,7 +16,7 @@ from . import ceilings, reference, results, traffic
 from .backends import base
 from .launch import LaunchError, RankContext, run_ranks
 from .timing import Timer, kernel_profile
-from .workload import Workload, WorkloadError
+from .workload import Workload, WorkloadError, rank_inputs
 
 
 @dataclass
@@ -74,7 +74,7 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
     out = _result("FAIL")
     dev = ctx.device
     b = None
-    x, idx, wt, q, s = reference.rank_inputs(w, ctx.rank, dev)
+    x, idx, wt, q, s = rank_inputs(w, ctx.rank, dev)
     payload = q if q is not None else x
 
     def prepare():

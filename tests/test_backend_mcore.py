@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from moebench import dispatch, reference
+from moebench import dispatch, reference, workload
 from moebench.backends import base
 from moebench.backends.mcore import McoreAlltoallBackend, McoreDeepEPBackend, McoreHybridEPBackend
 from moebench.launch import run_ranks
@@ -72,7 +72,7 @@ def _probs_matter(ctx, w):
     """Combine through Megatron's stages with and without the probs multiply; both oracle errors."""
     b = McoreAlltoallBackend(knob_values={"mcore_cpu_emulation": True})
     b.setup(ctx.group, w, ctx.device)
-    x, idx, wt, _, _ = reference.rank_inputs(w, ctx.rank)
+    x, idx, wt, _, _ = workload.rank_inputs(w, ctx.rank)
     d = b.dispatch(x, idx, wt)
     y = reference.apply_experts(d.x_RH, d.tokens_per_expert, ctx.rank, w)
     expected = reference.expected_combine(x, idx, wt, w)

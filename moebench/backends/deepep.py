@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import ops
-from ..results import dist_version
+from ..toolkit import dist_version
 from ..workload import WorkloadError
 from .base import Backend, Dispatched, Unavailable, probs_by_row
 

@@ -44,7 +44,7 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
-from ..results import dist_version, installed
+from ..toolkit import dist_version, installed
 from ..workload import WorkloadError
 from .base import Backend, Dispatched, Unavailable
 

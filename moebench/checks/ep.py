@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 
 from ..backends.deepep import HINT as DEEPEP_HINT
-from ..results import installed
-from . import buildkind, child
+from .. import buildkind
+from ..toolkit import find_nvcc, installed
+from . import child
 from .baseline import rows_from_records
-from ..toolkit import find_nvcc
 from .comm import gpu_count
 from .registry import FAIL, WAIVED, Context, failed, passed, register, waived
 from .system import nvlink_domain
