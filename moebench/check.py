@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from . import checks, results
-from .checks import baseline, report
+from .checks import baseline, output
 from .checks.registry import FAIL, REGISTRY, Context, SelectionError
 
 
@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     c = report.counts(res)
     print(f"# {c['PASS']} PASS, {c['FAIL']} FAIL, {c['WAIVED']} WAIVED")
     if args.json:
-        report.write_json(args.json, report.to_json(res, argv, start, results.utc_now()))
+        output.write_json(args.json, output.to_json(res, argv, start, results.utc_now()))
     if args.junit:
-        report.write_junit(args.junit, res)
+        output.write_junit(args.junit, res)
     return 1 if any(r.status == FAIL for r in res) else 0
 
 

@@ -135,7 +135,7 @@ def _validate_env(args) -> tuple[str, int]:
     return "cuda", world
 
 
-def run_one(spec, dispatcher: str, device: str, world: int, timeout: float) -> dict:
+def run_training(spec, dispatcher: str, device: str, world: int, timeout: float) -> dict:
     from .launch import LaunchError, run_ranks
     from .mcore_train import rank_train, summarize
     try:
@@ -174,7 +174,7 @@ def cmd_validate(args, argv) -> int:
     out = []
     for role, disp in runs:
         print(f"# {role}: megatron-core GPT-MoE, dispatcher {disp}, EP {world}, {spec.steps} steps ...", flush=True)
-        r = run_one(spec, disp, device, world, args.timeout)
+        r = run_training(spec, disp, device, world, args.timeout)
         if not r:
             return 0
         r["role"] = role

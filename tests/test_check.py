@@ -74,7 +74,7 @@ def _opts(**kw):
 
 def _run(key, **kw):
     ctx = Context(_opts(**kw))
-    return registry.run_one(registry.REGISTRY[key], ctx)
+    return registry.run_check(registry.REGISTRY[key], ctx)
 
 
 def test_waived_without_gpu_or_deep_ep():

@@ -8,7 +8,7 @@ Why this shape:
   backend can pick one per call, and ``torch.library.opcheck`` covers all of them. The ops are
   registered with ``Library.define``/``impl`` (CPU and CUDA keys plus a fake kernel), not
   ``@custom_op``, whose per-call overhead is several microseconds.
-- The torch implementation (``reference.py``) is the oracle and the CPU implementation.
+- The torch implementation (``torch_impl.py``) is the oracle and the CPU implementation.
 - ``permute`` returns rows in Megatron-Core's unfused ``permute`` order (by expert, then token
   index; -1 slots skipped). Its row count depends on the data, so the GPU impls compute the index
   math on the device, launch the copy into an upper-bound buffer, and only then wait for the row
@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import reference as _ref
+from . import torch_impl
 
 IMPLS = ("torch", "triton", "cuda")
 
@@ -95,7 +95,7 @@ def _backend(impl: str, device: torch.device, op: str):
     if impl == "auto":
         impl = best_impl(device, op)
     if impl == "torch":
-        return _ref
+        return torch_impl
     if impl == "triton":
         ok, why = _available("triton")
         if not ok:
