@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     start = results.utc_now()
     print(f"# moebench.check: {len(chosen)} check(s)")
     res = checks.run(chosen, Context(args), progress=lambda r: print(_line(r), flush=True))
-    c = report.counts(res)
+    c = output.counts(res)
     print(f"# {c['PASS']} PASS, {c['FAIL']} FAIL, {c['WAIVED']} WAIVED")
     if args.json:
         output.write_json(args.json, output.to_json(res, argv, start, results.utc_now()))
