@@ -6,6 +6,7 @@ error, never a hang. Local ranks use gloo on CPU and NCCL on GPU.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import queue
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from .workload import WorkloadError
 
 
 class LaunchError(RuntimeError):
@@ -40,6 +43,43 @@ def joined_env() -> tuple[int, int, int] | None:
     if "SLURM_PROCID" in e and "SLURM_NTASKS" in e and int(e["SLURM_NTASKS"]) > 1:
         return int(e["SLURM_PROCID"]), int(e["SLURM_NTASKS"]), int(e.get("SLURM_LOCALID", 0))
     return None
+
+
+def pick_device(requested: str, ep: int, ranks_per_gpu: int = 1) -> tuple[str, str]:
+    """(device, note). Needing more GPUs than are visible (EP / ranks_per_gpu) is an error only
+    when cuda was asked for; auto then falls back to CPU/gloo and the note says so."""
+    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    need = -(-ep // ranks_per_gpu)
+    joined = joined_env()
+    if joined is not None:
+        if joined[1] != ep:
+            raise WorkloadError(f"--ep {ep} but the launcher started {joined[1]} processes; they must match")
+        return ("cpu" if requested == "cpu" or not ngpu else "cuda"), ""
+    if requested == "cuda":
+        if ngpu < need:
+            raise WorkloadError(
+                f"--ep {ep} needs {need} GPUs but {ngpu} are visible; use --device cpu for a functional "
+                "CPU run, or launch with torchrun/srun across nodes (one process per GPU)")
+        return "cuda", ""
+    if requested == "auto" and ngpu >= need:
+        return "cuda", ""
+    note = "" if requested == "cpu" else f"EP {ep} > {ngpu} visible GPUs: "
+    return "cpu", note + "running on CPU/gloo: CPU times are functional only, NOT performance figures"
+
+
+@contextlib.contextmanager
+def environment(env: dict):
+    """Environment variables for the rank processes started inside (spawned children inherit them)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def free_port() -> int:

@@ -7,29 +7,16 @@ byte rule (traffic.py) and builds the JSONL records (results.py).
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from . import ceilings, reference, results, traffic
 from .backends import base
-from .launch import LaunchError, RankContext, run_ranks
+from .launch import LaunchError, RankContext, environment, run_ranks
+from .spec import Options, RunSpec
 from .timing import Timer, kernel_profile
-from .workload import Workload, WorkloadError, rank_inputs
-
-
-@dataclass
-class Options:
-    device: str = "cpu"              # cpu | cuda
-    iters: int = 20
-    warmup_ms: float = 200.0
-    flush_l2: bool = True
-    timeout_s: float = 600.0
-    knobs: dict = field(default_factory=dict)        # passed to every backend (num_sms, ops_impl, ...)
-    ceiling_gbps: float | None = None
-    measure_ceiling: bool = True
-    profile: bool = False                            # also record each phase's kernels (profiler)
+from .workload import Workload, rank_inputs
 
 
 def _result(status: str, error: str = "") -> dict:
@@ -147,11 +134,16 @@ def run_backend(w: Workload, name: str, opts: Options, measure: bool) -> dict:
     return outs[0] if outs else {}
 
 
-def run_case(w: Workload, names: list[str], opts: Options, argv: list[str] | None, progress=print) -> list[dict]:
-    """Every backend on one workload; returns the JSONL records (rank 0's view)."""
+def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print,
+             measure_ceiling: bool = True) -> list[dict]:
+    """Every backend of the spec on its workload; returns the JSONL records (rank 0's view).
+    argv: the command line to record (default: the spec's own, `spec.to_argv()`)."""
+    w, opts = spec.workload, spec.options()
+    opts.measure_ceiling = measure_ceiling
+    argv = spec.to_argv() if argv is None else argv
     t = traffic.traffic_of([reference.make_routing(w, r)[0] for r in range(w.ep)], w)
     recs, measured = [], None
-    for name in names:
+    for name in spec.backends:
         start = results.utc_now()
         ok, why = base.get(name).available()
         if not ok:
@@ -159,7 +151,8 @@ def run_case(w: Workload, names: list[str], opts: Options, argv: list[str] | Non
         else:
             progress(f"# running {name} on EP {w.ep} ...")
             measure = opts.measure_ceiling and opts.device == "cuda" and measured is None   # NCCL only
-            res = run_backend(w, name, opts, measure=measure)
+            with environment(opts.env):
+                res = run_backend(w, name, opts, measure=measure)
             measured = measured or res.get("a2a")
         if not res:
             continue
@@ -197,6 +190,3 @@ def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
             "env": prov, "start_utc": start, "end_utc": results.utc_now(),
         })
     return recs
-
-
-__all__ = ["Options", "run_case", "WorkloadError"]

@@ -14,7 +14,8 @@ from moebench import dispatch, reference, workload
 from moebench.backends import base
 from moebench.backends.mcore import McoreAlltoallBackend, McoreDeepEPBackend, McoreHybridEPBackend
 from moebench.launch import run_ranks
-from moebench.runner import Options, run_backend
+from moebench.runner import run_backend
+from moebench.spec import Options
 from moebench.workload import Workload, WorkloadError
 
 HAVE_MCORE = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None

@@ -84,19 +84,23 @@ def check_deepep_import(ctx: Context):
                   f"{'yes' if v['HybridEPBuffer'] else 'no'}", probe=v, files=buildkind.deep_ep_layout())
 
 
-def roundtrip_child(backend: str, ep: int, num_tokens: int, hidden: int, num_experts: int, topk: int,
-                    iters: int, knobs: dict, timeout_s: float) -> list[dict]:
-    """Child side: the dispatch + combine check against the oracle, then a short timing, via run_case."""
-    from ..runner import Options, run_case
+def roundtrip_child(argv: list[str]) -> list[dict]:
+    """Child side: the dispatch + combine check against the oracle, then a short timing, via run_case
+    (argv: a RunSpec's to_argv(), so the records' repro command is that exact run)."""
+    from ..runner import run_case
+    from ..spec import RunSpec
+    run = RunSpec.from_argv(argv).check()
+    return run_case(run, progress=lambda *_: None, measure_ceiling=False)
+
+
+def roundtrip_spec(backend: str, ep: int, num_tokens: int, o, knobs: dict):
+    """The run one round trip makes: the visible GPUs as one EP group, short timing, the check's shape."""
+    from ..spec import RunSpec
     from ..workload import Workload
-    w = Workload(num_tokens=num_tokens, hidden=hidden, num_experts=num_experts, topk=topk, ep=ep,
+    w = Workload(num_tokens=num_tokens, hidden=o.hidden, num_experts=o.num_experts, topk=o.topk, ep=ep,
                  gpus_per_node=ep)
-    argv = ["--backend", backend, "--ep", str(ep), "--device", "cuda", "--num-tokens", str(num_tokens),
-            "--hidden", str(hidden), "--num-experts", str(num_experts), "--topk", str(topk),
-            "--gpus-per-node", str(ep), "--iters", str(iters)]
-    opts = Options(device="cuda", iters=iters, warmup_ms=100.0, timeout_s=timeout_s, knobs=dict(knobs),
-                   measure_ceiling=False)
-    return run_case(w, [backend], opts, argv, progress=lambda *_: None)
+    return RunSpec(workload=w, backends=(backend,), explicit=True, device="cuda", iters=o.iters, warmup_ms=100.0,
+                   timeout_s=o.timeout, knobs={"ops_impl": "auto", **knobs}, out=os.devnull)
 
 
 def roundtrip(ctx: Context, backend: str, variants: list[dict], num_tokens: int | None = None):
@@ -105,9 +109,8 @@ def roundtrip(ctx: Context, backend: str, variants: list[dict], num_tokens: int 
     ep = gpu_count()
     recs = []
     for knobs in variants:
-        kw = {"backend": backend, "ep": ep, "num_tokens": num_tokens or o.num_tokens, "hidden": o.hidden,
-              "num_experts": o.num_experts, "topk": o.topk, "iters": o.iters, "knobs": knobs, "timeout_s": o.timeout}
-        r = child.run_function("moebench.checks.ep:roundtrip_child", kw, o.timeout + 60)
+        run = roundtrip_spec(backend, ep, num_tokens or o.num_tokens, o, knobs)
+        r = child.run_function("moebench.checks.ep:roundtrip_child", {"argv": run.to_argv()}, o.timeout + 60)
         if not r.ok:
             return failed(f"{backend} {knobs or ''} round trip {r.failure()}".replace("  ", " "), stderr=r.stderr_tail())
         recs += r.value
