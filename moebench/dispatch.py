@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import results, spec, sweep
+from . import record, results, spec, sweep
 from .launch import joined_env
 from .runner import run_case
 from .spec import RunSpec
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {len(records)} records appended to {args.out}")
     if run.device == "cpu":
         print("# CPU/gloo run: the times above are functional only, not performance figures")
-    failed = sorted({r["backend"]["name"] for r in records if r["check"]["status"] == "FAIL"})
+    failed = sorted({record.name(r) for r in records if record.status(r) == "FAIL"})
     if failed:
         print(f"# FAIL: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

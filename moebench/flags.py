@@ -23,7 +23,9 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 
-PHASES = ("dispatch", "combine")
+from . import record
+from .record import PHASES
+
 MEGATRON_BACKENDS = ("alltoall", "deepep", "hybridep")
 FAMILIES = {   # family -> (control, {backend record name: Megatron backend})
     "mcore": ("mcore-alltoall", {"mcore-deepep": "deepep", "mcore-hybridep": "hybridep"}),
@@ -133,12 +135,12 @@ def summarize(records: list[dict]) -> dict[str, Summary]:
     """name -> Summary over the dispatch and combine phases (the last record of each phase wins)."""
     last: dict[str, dict[str, dict]] = {}
     for r in records:
-        last.setdefault(r["backend"]["name"], {})[r["phase"]] = r
+        last.setdefault(record.name(r), {})[r["phase"]] = r
     out = {}
     for name, phases in last.items():
         recs = [phases.get(p) for p in PHASES]
         any_rec = next(r for r in phases.values())
-        s = Summary(name, any_rec["check"]["status"], any_rec["check"].get("error") or "",
+        s = Summary(name, record.status(any_rec), record.error(any_rec),
                     knobs=any_rec["backend"].get("knobs") or {}, env=(any_rec.get("env") or {}).get("env") or {})
         if s.status == "PASS":
             if any(r is None or not r.get("timing") for r in recs):
@@ -249,7 +251,7 @@ def _best_setting_only(recs: list[dict]) -> tuple[list[dict], dict[str, dict]]:
     (knobs.best_knobs: lowest dispatch + combine median), so the A/B and the flags use it."""
     from .knobs import best_knobs, knobs_of
     best = {b["backend"]: b["knobs"] for b in best_knobs(recs) if b["settings"] > 1}
-    kept = [r for r in recs if r["backend"]["name"] not in best or knobs_of(r) == best[r["backend"]["name"]]]
+    kept = [r for r in recs if record.name(r) not in best or knobs_of(r) == best[record.name(r)]]
     return kept, best
 
 

@@ -17,6 +17,7 @@ import sys
 
 from . import flags as F
 from . import results
+from .record import read_dispatch
 from .toolkit import dist_version, installed
 
 VALIDATE_SCHEMA = "moebench.megatron.validate/1"
@@ -71,8 +72,8 @@ def cmd_flags(args) -> int:
     F.parse_version(version)
     if args.results:
         try:
-            recs = results.read_jsonl(args.results)
-        except (OSError, ValueError) as e:
+            recs = read_dispatch([args.results])
+        except OSError as e:
             raise F.FlagsError(f"cannot read {args.results}: {e}") from None
         decisions = F.decisions_from_results(recs, version, args.overlap, args.num_sms, args.min_gain)
         if not decisions:

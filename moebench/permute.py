@@ -24,6 +24,7 @@ import torch
 
 import moebench.ops as ops
 from moebench import results
+from moebench.record import PermuteRecord
 from moebench.timing import kernel_profile
 
 DEFAULT_SHAPES = "4096x7168x8x256,16384x7168x8x256,8192x2048x8x128,8192x4096x8x128"
@@ -264,7 +265,7 @@ def run_shape(shape, a, bench, copy_GBps, device, prov, cmd):
     for spec in a.impl_list:
         name = set_knobs(spec)
         ok, why = available(name)
-        base = dict(schema=results.SCHEMA, tool="moebench.permute", command=cmd,
+        base = dict(command=cmd, functional=not bench.cuda,
                     shape=dict(T=T, H=H, K=K, E=E, R=R, dtype=a.dtype), impl=spec, env=prov,
                     copy_GBps=round(copy_GBps, 1), start_utc=results.utc_now())
         if not ok:
@@ -304,7 +305,7 @@ def run_shape(shape, a, bench, copy_GBps, device, prov, cmd):
         m = next((q for q in recs if q["impl"] == "megatron" and q["op"] == mop and "timing" in q), None)
         if m and "timing" in r:
             r["speedup_vs_megatron"] = round(m["timing"]["median_us"] / r["timing"]["median_us"], 2)
-    return recs
+    return [PermuteRecord(**r).asdict() for r in recs]
 
 
 def format_table(recs) -> str:

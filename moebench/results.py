@@ -1,6 +1,6 @@
-"""Results: versioned JSONL records with provenance, and the table printed to the terminal.
+"""Results: provenance of a run, writing JSONL, and the table printed to the terminal.
 
-One record per (case, backend, phase). Units live in key names (_us, _GBps, _bytes).
+The records themselves (schema, fields, the reader) are in record.py.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from pathlib import Path
 
 from .toolkit import dist_version
 
-SCHEMA = "moebench.result/1"
 ENV_ALLOWLIST = ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "NCCL_PROTO", "NCCL_ALGO", "NCCL_IB_HCA",
                  "NVSHMEM_DISABLE_NVLS", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "CUDA_HOME",
                  "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "USE_MNNVL", "TRITON_INTERPRET",
@@ -90,19 +89,6 @@ def write_jsonl(path: str | os.PathLike, records: list[dict], append: bool = Tru
     with p.open("a" if append else "w") as f:
         for r in records:
             f.write(json.dumps(r, default=str) + "\n")
-
-
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    out = []
-    with Path(path).open() as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if line:
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
-    return out
 
 
 def _fmt(v, nd=1):

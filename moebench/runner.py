@@ -2,7 +2,7 @@
 
 Each backend runs in its own launch of rank processes, so one that crashes or hangs is reported
 FAIL and the next backend still runs. Rank results come back to the parent, which applies the
-byte rule (traffic.py) and builds the JSONL records (results.py).
+byte rule (traffic.py) and builds the JSONL records (record.DispatchRecord).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch.distributed as dist
 from . import ceilings, reference, results, traffic
 from .backends import base
 from .launch import LaunchError, RankContext, environment, run_ranks
+from .record import DispatchRecord
 from .spec import Options, RunSpec
 from .timing import Timer, kernel_profile
 from .workload import Workload, rank_inputs
@@ -178,15 +179,11 @@ def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
             if measured:
                 rec_traffic["measured_ceiling_GBps"] = measured[1]
                 rec_traffic["frac_of_measured"] = rec_traffic["busbw_GBps"] / measured[1]
-        recs.append({
-            "schema": results.SCHEMA, "argv": argv, "repro": results.repro_command(argv, "moebench.dispatch"),
-            "workload": w.asdict(), "device": opts.device,
-            "backend": {"name": name, "version": res.get("version"), "knobs": res.get("knobs"),
-                        "dedup": cls.dedup},
-            "phase": phase, "timing": timing, "traffic": rec_traffic,
-            **({"kernels": res["kernels"][phase]} if phase in res.get("kernels", {}) else {}),
-            "check": {"status": res["status"], "error": res.get("error") or None},
-            "byte_rule": "moebench/1: pairs = (token, destination rank); algbw incl. local, busbw remote only",
-            "env": prov, "start_utc": start, "end_utc": results.utc_now(),
-        })
+        recs.append(DispatchRecord(
+            argv=argv, repro=results.repro_command(argv, "moebench.dispatch"), workload=w.asdict(),
+            device=opts.device, backend={"name": name, "version": res.get("version"), "knobs": res.get("knobs"),
+                                         "dedup": cls.dedup},
+            phase=phase, timing=timing, traffic=rec_traffic, kernels=res.get("kernels", {}).get(phase),
+            check={"status": res["status"], "error": res.get("error") or None}, env=prov, start_utc=start,
+            end_utc=results.utc_now(), functional=opts.device == "cpu").asdict())
     return recs

@@ -25,8 +25,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import results
+from . import record, results
 from .knobs import best_knobs, format_best, knobs_of
+from .record import read_dispatch
 from .runner import run_case
 from .spec import RunSpec
 from .workload import Workload, WorkloadError
@@ -136,8 +137,7 @@ def knob_stages(axes: dict, best: dict) -> list[list[dict]]:
 
 def read_existing(path: str) -> list[dict]:
     """Records already in the JSONL (a line cut short by a kill is skipped with a note)."""
-    from .report import load
-    return load([path]) if Path(path).is_file() else []
+    return read_dispatch([path]) if Path(path).is_file() else []
 
 
 def _ensure_newline(path: str) -> None:
@@ -175,7 +175,7 @@ def run_tagged(run: RunSpec, s: Sweep, case: Case) -> list[dict]:
 
 
 def _summary_line(r: dict) -> str:
-    t, tr = r.get("timing") or {}, r.get("traffic") or {}
+    t, tr = record.timing(r), record.traffic(r)
     med = f"{t['median_us']:10.1f} us" if t.get("median_us") is not None else "         - us"
     bw = f"busbw {tr['busbw_GBps']:8.3g} GB/s" if tr.get("busbw_GBps") is not None else ""
     err = f" ({r['check']['error']})" if r["check"].get("error") else ""
@@ -220,7 +220,7 @@ class SweepState:
         self.ran += 1
         for r in recs:
             print(_summary_line(r), flush=True)
-            if r["check"]["status"] == "FAIL":
+            if record.status(r) == "FAIL":
                 self.failed.add(label(self.s, case))
 
     def best(self, case: Case) -> dict:
@@ -236,7 +236,7 @@ def done_keys(records: list[dict], redo_failed: bool = False) -> set[str]:
     keep = ("PASS",) if redo_failed else ("PASS", "FAIL")
     keys = set()
     for r in records:
-        if (r.get("check") or {}).get("status") not in keep:
+        if record.status(r) not in keep:
             continue
         tag = r.get("sweep") or {}
         keys.add(tag.get("case") or case_key(r.get("workload", {}), (r.get("backend") or {}).get("name"),

@@ -15,6 +15,7 @@ def test_cpu_run_writes_records(tmp_path, capsys):
     assert rc == 0
     assert "CPU times are not performance figures" in capsys.readouterr().out
     recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["schema"] for r in recs} == {"moebench.permute/1"} and all(r["functional"] for r in recs)
     torch_ops = {r["op"] for r in recs if r["impl"] == "torch"}
     assert torch_ops == {"permute", "permute_wait", "unpermute"}
     assert all(r["check"]["status"] == "PASS" for r in recs if r["impl"] == "torch")
