@@ -57,13 +57,16 @@ def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m moebench.permute", description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default=None, help=f"TxHxKxE,... (default {DEFAULT_SHAPES}; CPU {CPU_SHAPES})")
-    p.add_argument("--impl", default=",".join(IMPLS), help="comma list of " + ", ".join(IMPLS))
+    p.add_argument("--ops-impl", dest="impl", default=",".join(IMPLS),
+                   help="comma list of " + ", ".join(IMPLS) + " (cuda@V, triton@BH:WARPS:... for variants)")
+    p.add_argument("--impl", dest="impl", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old name
     p.add_argument("--ops", default=",".join(OPS), help="comma list of " + ", ".join(OPS))
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="permute payload")
-    p.add_argument("--out", default=None, help="JSONL output path")
+    p.add_argument("--out", default=None, help="JSONL file to append to")
     p.add_argument("--plot", default=None, help="PNG: GB/s per impl and shape with the copy line")
-    p.add_argument("--no-flush", action="store_true", help="do not flush L2 between iterations")
+    p.add_argument("--no-flush-l2", dest="no_flush_l2", action="store_true", help="skip the L2 flush before timed calls")
+    p.add_argument("--no-flush", dest="no_flush_l2", action="store_true", help=argparse.SUPPRESS)  # old name
     p.add_argument("--profile", action="store_true", help="also record per-kernel times (profiler)")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="also write a Chrome trace (host + GPU) of 4 timed iterations per row to DIR")
@@ -74,7 +77,7 @@ def parse_args(argv):
     impls = [s for s in a.impl.split(",") if s]
     for s in impls:
         if s.split("@")[0] not in IMPLS:
-            raise UsageError(f"--impl: unknown {s!r}; known: {', '.join(IMPLS)}")
+            raise UsageError(f"--ops-impl: unknown {s!r}; known: {', '.join(IMPLS)}")
     a.impl_list = impls
     a.op_list = [s for s in a.ops.split(",") if s]
     for s in a.op_list:
@@ -359,7 +362,7 @@ def main(argv=None) -> int:
         print("# CPU run: functional check only; CPU times are not performance figures")
     cmd = results.repro_command(argv, "moebench.permute")
     prov = results.provenance()
-    bench = Bench(device, a.iters, not a.no_flush)
+    bench = Bench(device, a.iters, not a.no_flush_l2)
     bw = bench.bandwidths()
     copy_GBps = bw["copy_GBps"]
     prov = dict(prov, **{k: round(v, 1) for k, v in bw.items()})
@@ -373,7 +376,7 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     print(format_table(recs))
     if a.out:
-        results.write_jsonl(a.out, recs, append=False)
+        results.write_jsonl(a.out, recs)
     if a.plot:
         plot(recs, copy_GBps, a.plot)
     return 1 if any(r["check"]["status"] == "FAIL" for r in recs) else 0

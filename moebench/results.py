@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import record
 from .toolkit import dist_version
 
 ENV_ALLOWLIST = ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "NCCL_PROTO", "NCCL_ALGO", "NCCL_IB_HCA",
@@ -82,11 +83,12 @@ def repro_command(argv: list[str] | None, module: str) -> str:
     return " ".join([f"python -m {module}", *args])
 
 
-def write_jsonl(path: str | os.PathLike, records: list[dict], append: bool = True) -> None:
+def write_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
+    """Append records, one JSON object a line (every tool's --out appends)."""
     p = Path(path)
     if p.parent != Path(""):
         p.parent.mkdir(parents=True, exist_ok=True)
-    with p.open("a" if append else "w") as f:
+    with p.open("a") as f:
         for r in records:
             f.write(json.dumps(r, default=str) + "\n")
 
@@ -106,11 +108,11 @@ TABLE_COLUMNS = ("backend", "phase", "median us", "p90 us", "algbw GB/s", "busbw
 def table_rows(records: list[dict]) -> list[list[str]]:
     rows = []
     for r in records:
-        t, tr = r.get("timing") or {}, r.get("traffic") or {}
-        err = r["check"].get("error") or ""
+        t, tr = record.timing(r), record.traffic(r)
+        err = record.error(r)
         err = err if len(err) <= 90 else err[:87] + "..."      # the whole error is in the JSONL
-        check = r["check"]["status"] + (f" ({err})" if err else "")
-        rows.append([r["backend"]["name"], r["phase"], _fmt(t.get("median_us")), _fmt(t.get("p90_us")),
+        check = record.status(r) + (f" ({err})" if err else "")
+        rows.append([record.name(r), r["phase"], _fmt(t.get("median_us")), _fmt(t.get("p90_us")),
                      _fmt(tr.get("algbw_GBps")), _fmt(tr.get("busbw_GBps")), _fmt(tr.get("wirebw_GBps")),
                      _fmt(tr.get("frac_of_ceiling"), 3), check])
     return rows

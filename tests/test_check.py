@@ -46,7 +46,7 @@ def fake_checks(monkeypatch):
 
 def test_json_and_junit_round_trip(fake_checks, tmp_path):
     j, x = tmp_path / "r.json", tmp_path / "r.xml"
-    assert check.main(["--json", str(j), "--junit", str(x)]) == 1          # b.fail FAILs
+    assert check.main(["--out", str(j), "--junit", str(x)]) == 1          # b.fail FAILs
     doc = json.loads(j.read_text())
     assert doc["schema"] == "moebench.check/1" and doc["counts"] == {PASS: 1, FAIL: 1, WAIVED: 1}
     assert [(r["key"], r["status"]) for r in doc["results"]] == [("a.pass", PASS), ("a.waive", WAIVED), ("b.fail", FAIL)]
@@ -213,7 +213,7 @@ def test_whole_run_on_gpu(tmp_path):
     """GPU tier: env and gpu PASS; on one GPU every multi-GPU check is WAIVED with a reason."""
     import torch
     out = tmp_path / "check.json"
-    rc = check.main(["--json", str(out), "--junit", str(tmp_path / "check.xml")])
+    rc = check.main(["--out", str(out), "--junit", str(tmp_path / "check.xml")])
     res = {r["key"]: r for r in json.loads(out.read_text())["results"]}
     assert res["env"]["status"] == PASS and res["gpu"]["status"] == PASS
     if torch.cuda.device_count() == 1:
