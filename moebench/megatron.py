@@ -17,6 +17,7 @@ import sys
 
 from . import flags as F
 from . import results
+from .megatron_map import BACKENDS, CONTROL
 from .record import read_dispatch
 from .toolkit import dist_version, installed
 
@@ -31,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
     f = sub.add_parser("flags", help="Megatron settings from results or a backend name")
     src = f.add_mutually_exclusive_group(required=True)
     src.add_argument("--results", help="moebench.dispatch JSONL file")
-    src.add_argument("--backend", help="alltoall | deepep | hybridep (mcore-* accepted)")
+    src.add_argument("--backend", help=" | ".join(BACKENDS) + " (mcore-* accepted)")
     f.add_argument("--num-sms", type=int, help="SMs for deepep/hybridep (default: from the winning record)")
     f.add_argument("--megatron-core-version", help="target megatron-core (default: the installed one)")
     f.add_argument("--overlap", action="store_true", help="also emit EP comm/compute overlap settings")
@@ -42,7 +43,7 @@ def parser() -> argparse.ArgumentParser:
                    help="also require the gain to exceed this fraction of alltoall's time (default 0)")
     f.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     v = sub.add_parser("validate", help="short megatron-core training check of a dispatcher")
-    v.add_argument("--dispatcher", choices=("alltoall", "deepep", "hybridep"), required=True)
+    v.add_argument("--dispatcher", choices=tuple(BACKENDS), required=True)
     v.add_argument("--steps", type=int, default=50)
     v.add_argument("--ep", type=int, help="EP = world size (default: visible GPUs)")
     v.add_argument("--num-layers", type=int, default=2)
@@ -125,7 +126,7 @@ def _validate_env(args) -> tuple[str, int]:
     world = joined[1] if joined else (args.ep or ngpu)
     if not joined and world > ngpu:
         raise F.FlagsError(f"--ep {world} needs {world} GPUs, {ngpu} visible (or launch with torchrun)")
-    if args.dispatcher != "alltoall":
+    if BACKENDS[args.dispatcher].flex:
         if world < 2:
             raise F.FlagsError(f"--dispatcher {args.dispatcher} needs EP >= 2 "
                                "(Megatron's flex dispatcher asserts TPxEP > 1)")
@@ -170,7 +171,7 @@ def cmd_validate(args, argv) -> int:
     device, world = _validate_env(args)
     if device == "cpu":
         print("# CPU functional run (CUDA calls emulated): not a measurement and not a validation")
-    runs = [] if args.no_control or args.dispatcher == "alltoall" else [("control", "alltoall")]
+    runs = [] if args.no_control or args.dispatcher == CONTROL else [("control", CONTROL)]
     runs.append(("candidate", args.dispatcher))
     out = []
     for role, disp in runs:

@@ -188,10 +188,11 @@ def test_judges():
 
 
 def test_judge_megatron():
-    v = {"HAVE_DEEP_EP": False, "HAVE_HYBRIDEP": True, "deep_ep_error": "ImportError: no EventOverlap"}
-    p = ep.judge_megatron(v, deep_ep=True, hybrid=True)
-    assert len(p) == 1 and "EventOverlap" in p[0] and "silently" in p[0]
-    assert ep.judge_megatron(v, deep_ep=False, hybrid=False) == []
+    v = {"HAVE_DEEP_EP": False, "HAVE_HYBRIDEP": True, "deepep_error": "ImportError: no EventOverlap"}
+    p = ep.judge_megatron(v, {"deepep", "hybridep"})
+    assert len(p) == 1 and "EventOverlap" in p[0] and "silently" in p[0] and "deep_ep is installed" in p[0]
+    assert ep.judge_megatron(v, set()) == []
+    assert "HAVE_HYBRIDEP=None" in ep.judge_megatron({}, {"hybridep"})[0]
 
 
 def test_judge_p2p():

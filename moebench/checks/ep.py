@@ -8,11 +8,13 @@ size 1 cannot take the report down.
 """
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
 from ..backends.deepep import HINT as DEEPEP_HINT
 from .. import buildkind
+from ..megatron_map import BACKENDS
 from ..toolkit import find_nvcc, installed
 from . import child
 from .baseline import rows_from_records
@@ -21,7 +23,8 @@ from .registry import FAIL, WAIVED, Context, failed, passed, register, waived
 from .system import nvlink_domain
 
 DEEPEP_RANKS = (2, 4, 8)
-DOMAIN_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
+DOMAIN_ENV = BACKENDS["hybridep"].domain_env
+FLEX_CHECKED = [b for b in BACKENDS.values() if b.have_flag]   # flex backends whose import fused_a2a reports
 
 
 def deep_ep_probe() -> dict:
@@ -251,29 +254,23 @@ def megatron_probe() -> dict:
         from megatron.core.transformer.moe import fused_a2a
     except Exception as e:  # noqa: BLE001
         return {"import_error": f"{type(e).__name__}: {e}"}
-    out = {"version": getattr(mc, "__version__", None), "HAVE_DEEP_EP": getattr(fused_a2a, "HAVE_DEEP_EP", None),
-           "HAVE_HYBRIDEP": getattr(fused_a2a, "HAVE_HYBRIDEP", None)}
-    try:
-        from deep_ep import Buffer  # noqa: F401 - the same imports fused_a2a tries
-        from deep_ep.utils import EventHandle, EventOverlap  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        out["deep_ep_error"] = f"{type(e).__name__}: {e}"
-    try:
-        from deep_ep import HybridEPBuffer  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        out["hybridep_error"] = f"{type(e).__name__}: {e}"
+    out = {"version": getattr(mc, "__version__", None)}
+    for b in FLEX_CHECKED:
+        out[b.have_flag] = getattr(fused_a2a, b.have_flag, None)
+        try:
+            for module, name in b.probe:       # the same imports fused_a2a tries
+                getattr(importlib.import_module(module), name)
+        except Exception as e:  # noqa: BLE001
+            out[f"{b.name}_error"] = f"{type(e).__name__}: {e}"
     return out
 
 
-def judge_megatron(v: dict, deep_ep: bool, hybrid: bool) -> list[str]:
-    problems = []
-    if deep_ep and not v.get("HAVE_DEEP_EP"):
-        problems.append(f"deep_ep is installed but Megatron's fused_a2a has HAVE_DEEP_EP={v.get('HAVE_DEEP_EP')} "
-                        f"({v.get('deep_ep_error', 'import succeeded here')}): flex/deepep would fall back silently")
-    if hybrid and not v.get("HAVE_HYBRIDEP"):
-        problems.append(f"HybridEP is installed but fused_a2a has HAVE_HYBRIDEP={v.get('HAVE_HYBRIDEP')} "
-                        f"({v.get('hybridep_error', 'import succeeded here')})")
-    return problems
+def judge_megatron(v: dict, present: set[str]) -> list[str]:
+    """Problems: a flex backend whose package is installed (`present`: names) but that Megatron's
+    fused_a2a did not import, so its flex path would fall back silently."""
+    return [f"{b.package} is installed but Megatron's fused_a2a has {b.have_flag}={v.get(b.have_flag)} "
+            f"({v.get(f'{b.name}_error', 'import succeeded here')}): flex/{b.name} would fall back silently"
+            for b in FLEX_CHECKED if b.name in present and not v.get(b.have_flag)]
 
 
 @register("megatron", "megatron-core imports and its fused_a2a really sees DeepEP/HybridEP (no silent fallback)")
@@ -286,12 +283,12 @@ def check_megatron(ctx: Context):
     v = r.value
     if v.get("import_error"):
         return failed(f"import megatron.core / fused_a2a raised {v['import_error']}")
-    deep, hybrid = installed("deep_ep"), installed("hybrid_ep_cpp")
-    problems = judge_megatron(v, deep, hybrid)
+    present = {b.name for b in FLEX_CHECKED if installed(b.package)}
+    problems = judge_megatron(v, present)
     if problems:
         return failed("; ".join(problems), probe=v)
-    if not deep:
-        return waived(f"megatron-core {v['version']} imports; deep_ep not installed, so there is no DeepEP/HybridEP "
-                      "for its flex dispatcher to see", probe=v)
-    seen = [n for n, k in (("DeepEP", "HAVE_DEEP_EP"), ("HybridEP", "HAVE_HYBRIDEP")) if v.get(k)]
+    if not present:
+        return waived(f"megatron-core {v['version']} imports; none of {', '.join(b.package for b in FLEX_CHECKED)} "
+                      "is installed, so there is nothing for its flex dispatcher to see", probe=v)
+    seen = [b.name for b in FLEX_CHECKED if v.get(b.have_flag)]
     return passed(f"megatron-core {v['version']}: fused_a2a sees {', '.join(seen)}", probe=v)
