@@ -3,7 +3,9 @@ block sizes, TMA descriptors); the kernels and how they work are in triton_kerne
 """
 from __future__ import annotations
 
+import functools
 import os
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -16,17 +18,39 @@ except ImportError:  # pragma: no cover - Triton without host-side tensor descri
 from .triton_kernels import (_permute_copy, _permute_copy_tma, _route_rank, _route_scan, _sort_chunks,
                              _unpermute, _zero_pad)
 
-# Tunables (per-kernel block sizes); env overrides exist for the benchmark's sweeps.
-COPY_BH = int(os.environ.get("MOEBENCH_TRITON_COPY_BH", "1024"))     # words per chunk (permute)
-COPY_WARPS = int(os.environ.get("MOEBENCH_TRITON_COPY_WARPS", "4"))
-UNPERM_BH = int(os.environ.get("MOEBENCH_TRITON_UNPERM_BH", "1024"))  # elements per chunk
-UNPERM_WARPS = int(os.environ.get("MOEBENCH_TRITON_UNPERM_WARPS", "4"))
-# 1: permute's row writes are TMA bulk stores (``_permute_copy_tma``) where the device and the
-# shape allow it (compute capability >= 9, or the interpreter; rows a multiple of 16 bytes);
-# 0 (default): the plain ``_permute_copy``. On the H200 both kernels take the same time (149.1 vs
-# 148.5 us at T 4096, H 7168: bench/results/permute-h200.jsonl, impl triton@...:1) and the
-# descriptor costs host time, so TMA is opt-in.
-COPY_TMA = int(os.environ.get("MOEBENCH_TRITON_COPY_TMA", "0"))
+class Knobs(NamedTuple):
+    """Tunables (per-kernel block sizes). impl "triton@BH:WARPS:UBH:UWARPS:TMA" (a prefix of them;
+    the rest default) picks them per call; env overrides set the defaults."""
+    copy_bh: int        # words per chunk (permute)
+    copy_warps: int
+    unperm_bh: int      # elements per chunk (unpermute)
+    unperm_warps: int
+    # 1: permute's row writes are TMA bulk stores (``_permute_copy_tma``) where the device and the
+    # shape allow it (compute capability >= 9, or the interpreter; rows a multiple of 16 bytes);
+    # 0 (default): the plain ``_permute_copy``. On the H200 both kernels take the same time (149.1
+    # vs 148.5 us at T 4096, H 7168: bench/results/permute-h200.jsonl, impl triton@...:1) and the
+    # descriptor costs host time, so TMA is opt-in.
+    copy_tma: int
+
+
+DEFAULT_KNOBS = Knobs(*(int(os.environ.get(f"MOEBENCH_TRITON_{k.upper()}", v)) for k, v in
+                        (("copy_bh", 1024), ("copy_warps", 4), ("unperm_bh", 1024), ("unperm_warps", 4),
+                         ("copy_tma", 0))))
+
+
+def knobs(variant: str = "") -> Knobs:
+    """The Knobs of a variant string "BH:WARPS:UBH:UWARPS:TMA" ('' or a prefix: the rest default)."""
+    return _parse_knobs(variant) if variant else DEFAULT_KNOBS
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_knobs(variant: str) -> Knobs:
+    vals = [int(v) for v in variant.split(":")]
+    if len(vals) > len(Knobs._fields):
+        raise ValueError(f"triton@{variant}: at most {len(Knobs._fields)} values ({':'.join(Knobs._fields)})")
+    return DEFAULT_KNOBS._replace(**dict(zip(Knobs._fields, vals)))
+
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -84,18 +108,18 @@ def _tma_device(dev: torch.device) -> bool:
     return ok
 
 
-def _tma_desc(ow: Tensor, r_max: int, W: int):
+def _tma_desc(ow: Tensor, r_max: int, W: int, copy_bh: int):
     """Descriptor for ``_permute_copy_tma`` over the output words ow [r_max, W], or None when the
     TMA path cannot take the shape (then ``_permute_copy`` runs).
 
     Box shape: TMA boxes hold at most 256 elements per dimension, so one [1, 256] box over the
     [R, W] row moves only 1 KB. When W is a multiple of 256 words (every benchmark shape: H 2048,
     4096, 7168 in bf16 or fp8), rows are viewed as [R, W / 256, 256] and one box [1, NB, 256] moves
-    NB KB (NB = COPY_BH / 256 boxes, so COPY_BH stays the words per chunk, as in the plain kernel);
+    NB KB (NB = copy_bh / 256 boxes, so copy_bh stays the words per chunk, as in the plain kernel);
     a box past W / 256 is clipped by TMA, so W / 256 need not be a multiple of NB. Other rows (a
     multiple of 16 bytes, as TMA strides must be) are viewed as [R, 1, W] and written in boxes of
     [1, 1, <= 256] words, the last one clipped at W. Triton picks the staging buffer's swizzle:
-    none up to NB 4 (COPY_BH <= 1024), so a store is one TMA message of up to 4 KB; from NB 8 on
+    none up to NB 4 (copy_bh <= 1024), so a store is one TMA message of up to 4 KB; from NB 8 on
     it picks 128-byte swizzle and splits each store into 8 messages of [1, NB, 32] words (seen in
     the sm_90 PTX). Host-side descriptor rather than ``tl.make_tensor_descriptor``: no per-launch
     scratch allocation through ``triton.set_allocator`` (a context variable, unset in other
@@ -106,7 +130,7 @@ def _tma_desc(ow: Tensor, r_max: int, W: int):
         return None
     if W % 256 == 0:
         BW, NC, BB = 256, W // 256, 256
-        NB = min(1 << (max(1, COPY_BH // 256).bit_length() - 1), _pow2(NC))   # powers of 2
+        NB = min(1 << (max(1, copy_bh // 256).bit_length() - 1), _pow2(NC))   # powers of 2
     else:
         BW, NC, BB, NB = W, 1, min(256, _pow2(W)), 1
     return TensorDescriptor(ow, [r_max, NC, BW], [W, BW, 1], [1, NB, BB]), NC, BW, NB, BB
@@ -134,7 +158,7 @@ class _HostRing:
 
 
 def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tensor | None,
-            pad_multiple: int, num_out_rows: int = -1):
+            pad_multiple: int, num_out_rows: int = -1, variant: str = ""):
     T, K = topk_idx_TK.shape
     H = x_TH.shape[1]
     E = int(num_experts)
@@ -164,16 +188,17 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
     osw = _words(out_s) if has_s else ow
     WS = sw.shape[1] if has_s else 0
     BS = _pow2(max(WS, 16))
-    BH = min(COPY_BH, _pow2(W))
-    tma = _tma_desc(ow, r_max, W) if COPY_TMA and _tma_device(dev) else None
+    k = knobs(variant)
+    BH = min(k.copy_bh, _pow2(W))
+    tma = _tma_desc(ow, r_max, W, k.copy_bh) if k.copy_tma and _tma_device(dev) else None
     if tma is not None:
         desc, NC, BW, NB, BB = tma
         _permute_copy_tma[(T,)](xw, sw, desc, osw, idx, lrank, base, estart, row_map, W, WS, E, SB,
                                 NC, BW, K=K, KP=_pow2(K), NB=NB, BB=BB, HAS_S=has_s, BS=BS,
-                                num_warps=COPY_WARPS)
+                                num_warps=k.copy_warps)
     else:
         _permute_copy[(T,)](xw, sw, ow, osw, idx, lrank, base, estart, row_map, W, WS, E, SB, K=K,
-                            KP=_pow2(K), BH=BH, HAS_S=has_s, BS=BS, num_warps=COPY_WARPS)
+                            KP=_pow2(K), BH=BH, HAS_S=has_s, BS=BS, num_warps=k.copy_warps)
     if pad_multiple > 1:
         _zero_pad[(E,)](ow, osw, estart, ecount, tpe, W, WS, BH=BH, HAS_S=has_s, BS=BS,
                         num_warps=4)
@@ -185,7 +210,7 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
     return out[:R], (out_s[:R] if has_s else None), row_map, tpe
 
 
-def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor) -> Tensor:
+def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor, variant: str = "") -> Tensor:
     T, K = row_map_TK.shape
     H = y_RH.shape[1]
     y = y_RH.contiguous()
@@ -194,9 +219,10 @@ def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor) -> Tensor:
         return out
     if y.shape[0] == 0:
         return out.zero_()
-    BH = min(UNPERM_BH, _pow2(H))
+    k = knobs(variant)
+    BH = min(k.unperm_bh, _pow2(H))
     _unpermute[(T,)](y, row_map_TK.contiguous(), topk_w_TK.contiguous(), out, H, K=K,
-                     KP=_pow2(K), BH=BH, num_warps=UNPERM_WARPS)
+                     KP=_pow2(K), BH=BH, num_warps=k.unperm_warps)
     return out
 
 
