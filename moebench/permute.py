@@ -4,8 +4,9 @@ Per shape (T x H x K x E) and implementation (torch, triton, cuda, megatron = me
 unfused moe_utils path, te = Transformer Engine) it checks the result against the torch oracle,
 then times the call as a user makes it (index math, allocation, Python glue and all) with
 timing.Timer: a --warmup-ms budget, the calls queued back to back with CUDA events around each,
-the L2 flushed before every call (timing.py's flush), median and p10/p90 of --iters. ``permute`` is called with the row count known, as Megatron's baseline is (its
-num_out_tokens); ``permute_wait`` without it, so the host also waits for the device's count.
+the L2 flushed before every call (timing.py's flush), median and p10/p90 of --iters.
+``permute`` is called with the row count known, as Megatron's baseline is (its num_out_tokens);
+``permute_wait`` without it, so the host also waits for the device's count.
 Effective GB/s counts unique bytes: permute reads T*H and writes R*H (R = routed slots, T*K
 without masked slots), unpermute the reverse; fp8 adds the scales. The device-to-device copy
 bandwidth (read + write) is measured in the same run and every row reports its fraction.

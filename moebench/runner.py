@@ -185,5 +185,5 @@ def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
                                          "dedup": cls.dedup},
             phase=phase, timing=timing, traffic=rec_traffic, kernels=res.get("kernels", {}).get(phase),
             check={"status": res["status"], "error": res.get("error") or None}, env=prov, start_utc=start,
-            end_utc=results.utc_now(), functional=opts.device == "cpu").asdict())
+            end_utc=results.utc_now(), functional=opts.functional).asdict())
     return recs

@@ -36,7 +36,12 @@ class Options:
     ceiling_gbps: float | None = None
     measure_ceiling: bool = True
     profile: bool = False                            # also record each phase's kernels (profiler)
-    ranks_per_gpu: int = 1
+    ranks_per_gpu: int = 1                           # > 1: ranks share a GPU (the flag comes with issue 11)
+
+    @property
+    def functional(self) -> bool:
+        """True when the times are not performance figures (CPU/gloo, or ranks sharing a GPU)."""
+        return self.device == "cpu" or self.ranks_per_gpu > 1
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

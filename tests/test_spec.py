@@ -51,3 +51,9 @@ def test_pick_device_counts_gpus_per_ranks_per_gpu(monkeypatch):
     assert launch.pick_device("auto", 4)[0] == "cpu"
     with pytest.raises(WorkloadError, match="needs 4 GPUs but 2"):
         launch.pick_device("cuda", 4)
+
+
+def test_functional_options():
+    spec = RunSpec(Workload(num_tokens=16, hidden=64, num_experts=8, topk=2, ep=2), ("alltoall",), device="cuda")
+    assert not spec.options().functional
+    assert spec.replace(ranks_per_gpu=2).options().functional and spec.replace(device="cpu").options().functional
