@@ -232,7 +232,8 @@ def decisions_from_results(records: list[dict], version: str, overlap: bool = Fa
         if d["winner_record"]:
             won = sums[d["winner_record"]]
             sms = sms if sms is not None else _knob_sms(won.knobs)
-            env_domain = won.env.get(BACKENDS[d["winner"]].domain_env or "")
+            domain_env = BACKENDS[d["winner"]].domain_env
+            env_domain = won.env.get(domain_env) if domain_env else None
         domain = int(env_domain) if env_domain else min(w["ep"], w.get("gpus_per_node", w["ep"]))
         flags = megatron_flags(d["winner"], version, sms if BACKENDS[d["winner"]].flex else None, overlap,
                                ep=w["ep"], ranks_per_nvlink_domain=domain)

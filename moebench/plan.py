@@ -109,8 +109,8 @@ def measured_links(records: list[dict], w: Workload) -> dict:
     """Effective GB/s per backend from results: NVLink-only rows give busbw, cross-node rows net GB/s.
     Rows with the workload's H, K and dtype are preferred; among them the T nearest the workload's."""
     out: dict = {}
-    good = [r for r in records if record.status(r) == "PASS" and r.get("timing")
-            and r.get("phase") in ("dispatch", "combine") and record.traffic(r).get("bus_bytes")]
+    good = [r for r in records if record.timed(r) and r.get("phase") in record.PHASES
+            and record.traffic(r).get("bus_bytes")]
     same = [r for r in good if all(r["workload"].get(k) == getattr(w, k) for k in ("hidden", "topk", "dtype"))]
     for r in sorted(same or good, key=lambda r: abs(r["workload"]["num_tokens"] - w.num_tokens), reverse=True):
         tr = r["traffic"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .workload import Workload, fp8_dequantize, fp8_quantize, make_routing, rank_inputs
+from .workload import Workload, fp8_dequantize, rank_inputs
 
 
 def expected_dispatch(w: Workload, rank: int, device="cpu"):

@@ -17,7 +17,7 @@ from .launch import LaunchError, RankContext, environment, run_ranks
 from .record import DispatchRecord
 from .spec import Options, RunSpec
 from .timing import Timer, kernel_profile
-from .workload import Workload, rank_inputs
+from .workload import Workload, make_routing, rank_inputs
 
 
 def _result(status: str, error: str = "") -> dict:
@@ -142,7 +142,7 @@ def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print,
     w, opts = spec.workload, spec.options()
     opts.measure_ceiling = measure_ceiling
     argv = spec.to_argv() if argv is None else argv
-    t = traffic.traffic_of([reference.make_routing(w, r)[0] for r in range(w.ep)], w)
+    t = traffic.traffic_of([make_routing(w, r)[0] for r in range(w.ep)], w)
     recs, measured = [], None
     for name in spec.backends:
         start = results.utc_now()
