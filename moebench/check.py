@@ -34,7 +34,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="PATH", help="write the report as one JSON object (replaced each run)")
     p.add_argument("--json", dest="out", default=argparse.SUPPRESS, help=argparse.SUPPRESS)   # old name of --out
     p.add_argument("--junit", metavar="PATH", help="write JUnit XML (WAIVED = skipped, FAIL = failure)")
-    p.add_argument("--baseline", metavar="FILE", help="earlier run (dispatch JSONL or check --json report) to gate against")
+    p.add_argument("--baseline", metavar="FILE", help="earlier run (dispatch JSONL or check --out report) to gate against")
     p.add_argument("--threshold", type=float, default=baseline.DEFAULT_THRESHOLD_PCT,
                    help="bandwidth drop in %% that fails the baseline gate (default 10)")
     p.add_argument("--results", action="append", metavar="FILE",

@@ -8,7 +8,7 @@ Row identity (one for every source of bandwidth figures):
   GBps = traffic.algbw_GBps (busbw_GBps when algbw is absent). Records without timing are skipped.
 - the checks' own rows (p2p, nccl, round trips) are written in that form already, e.g.
   {"workload": "p2p 268435456 B", "backend": "sm-copy", "phase": "0->1", "GBps": 389.2}.
-A baseline FILE may be a dispatch JSONL, a JSONL of such rows, or a `moebench.check --json` report.
+A baseline FILE may be a dispatch JSONL, a JSONL of such rows, or a `moebench.check --out` report.
 A row whose figure fell by more than the threshold (default 10%) FAILs the gate, naming the row and
 both figures; rows present on one side only are listed, not failed.
 """
@@ -48,7 +48,7 @@ def row_key(row: dict) -> str:
 
 
 def _rows_of(obj) -> list[dict]:
-    if isinstance(obj, dict) and "results" in obj:             # a moebench.check --json report
+    if isinstance(obj, dict) and "results" in obj:             # a moebench.check --out report
         return [r for res in obj["results"] for r in (res.get("details") or {}).get("rows", [])]
     if isinstance(obj, dict) and "traffic" in obj and "workload" in obj:   # a dispatch record
         return rows_from_records([obj])
