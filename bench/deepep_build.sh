@@ -8,6 +8,12 @@
 #                 none    DeepEP as is
 #                 commid  get_comm_id() (csrc/hybrid_ep/hybrid_ep.cu) builds its rank string with
 #                         std::to_string instead of std::ostringstream (the SIGSEGV is in that stream)
+#                 syslink DeepEP as is, compiled and linked by the system g++ (CC=gcc CXX=g++
+#                         LDSHARED="g++ -shared"), so the modules link the shared libstdc++.so.6.
+#                         The image's Python builds extensions with /opt/gcc/bin/g++ (sysconfig CXX),
+#                         which links libstdc++ statically: each module then carries and exports its
+#                         own std::locale, and HybridEP's `ostringstream << int` mixes that copy with the
+#                         process' libstdc++.so.6 (torch's) and dies with SIGSEGV in get_comm_id.
 #               The first variant builds both extensions; the others (built at the same time) rebuild
 #               hybrid_ep_cpp only and copy deep_ep_cpp from the first: the patches touch hybrid_ep only.
 #   DEEPEP_COMMIT  recorded in provenance when SRC_DIR has no .git (default: the pinned hybrid-ep head)
@@ -52,10 +58,12 @@ build() {  # $1 = variant, $2 = BOTH|HYB; output in $ROOT/$1/build.log
   local D="$ROOT/$1"
   rm -rf "$D"; cp -a "$SRC" "$D"; rm -rf "$D/build" "$D"/*.so
   [ "$1" = commid ] && patch_commid "$D"
-  (cd "$D" && date +%s >.t0 && $PY -c "${!2}" >build.log 2>&1) || { tail -30 "$D/build.log"; return 1; }
+  local tool=()
+  [ "$1" = syslink ] && tool=(env CC=gcc CXX=g++ LDSHARED="g++ -shared")
+  (cd "$D" && date +%s >.t0 && "${tool[@]}" $PY -c "${!2}" >build.log 2>&1) || { tail -30 "$D/build.log"; return 1; }
 }
 
-for v in "${VARIANTS[@]}"; do case "$v" in none|commid) ;; *) echo "unknown FIX variant: $v" >&2; exit 2 ;; esac; done
+for v in "${VARIANTS[@]}"; do case "$v" in none|commid|syslink) ;; *) echo "unknown FIX variant: $v" >&2; exit 2 ;; esac; done
 mkdir -p "$ROOT"; first=${VARIANTS[0]}; pids=()
 for v in "${VARIANTS[@]:1}"; do build "$v" HYB & pids+=($!); done   # hybrid-only variants, concurrently
 fail=0; build "$first" BOTH || fail=1
@@ -68,8 +76,11 @@ COMMIT=${DEEPEP_COMMIT:-94a9f8f6b146c07d97ec58f67cd6d303296d6098}   # .ext/DeepE
 [ -e "$SRC/.git" ] && COMMIT=$(git -C "$SRC" rev-parse HEAD)   # (git -C alone would find moebench's repo)
 for v in "${VARIANTS[@]}"; do   # provenance beside each build
   D="$ROOT/$v"
-  ok=$(cd /tmp && PYTHONPATH="$D" $PY -c "import deep_ep_cpp, hybrid_ep_cpp, deep_ep; print('ok')" 2>&1 | tail -1 || true)
-  V="$v" D="$D" COMMIT="$COMMIT" OK="$ok" FIRST="$first" SECS=$(( $(date +%s) - $(cat "$D/.t0") )) $PY - <<'EOF'
+  ok=$(cd /tmp && PYTHONPATH="$D" $PY -c "import torch, deep_ep_cpp, hybrid_ep_cpp, deep_ep; print('ok')" 2>&1 | tail -1 || true)
+  so=$(ls "$D"/hybrid_ep_cpp*.so)
+  if readelf -d "$so" | grep -q "NEEDED.*libstdc++"; then cxx="shared libstdc++.so.6 (NEEDED)"
+  else cxx="static libstdc++ copy inside the module ($(nm -D --defined-only "$so" | grep -c _ZNSt6locale) std::locale symbols exported)"; fi
+  V="$v" D="$D" COMMIT="$COMMIT" OK="$ok" CXXRT="$cxx" FIRST="$first" SECS=$(( $(date +%s) - $(cat "$D/.t0") )) $PY - <<'EOF'
 import json, os, re, subprocess, sys
 import torch
 sh = lambda c: subprocess.run(c, shell=True, capture_output=True, text=True).stdout.strip()
@@ -83,8 +94,10 @@ rec = {
               "DISABLE_AGGRESSIVE_PTX_INSTRS", "HYBRID_EP_MULTINODE", "USE_NIXL", "CUDA_HOME")},
     "nvshmem": "disabled (NVSHMEM_DIR unset, nvidia.nvshmem hidden from setup.py)",
     "nvcc": sh("nvcc --version | grep release"), "gcc": sh("gcc --version | head -1"),
+    "python_cxx": sh(sys.executable + " -c \"import sysconfig; print(sysconfig.get_config_var('CXX'))\""),
     "python": sys.version.split()[0], "torch": torch.__version__, "torch_cuda": torch.version.cuda,
-    "import_check": os.environ["OK"], "elapsed_s": int(os.environ["SECS"]), "dir": d,
+    "import_check": os.environ["OK"], "hybrid_ep_cpp_libstdcxx": os.environ["CXXRT"],
+    "linker": sh("grep -m1 -o '^[^ ]*g++ [^ ]*' " + os.path.join(d, "build.log")), "elapsed_s": int(os.environ["SECS"]), "dir": d,
 }
 json.dump(rec, open(os.path.join(d, "deepep_build.json"), "w"), indent=1)
 print(json.dumps(rec))

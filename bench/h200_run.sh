@@ -15,7 +15,7 @@ t0=$(date +%s); step() { echo "### $1 ($(( $(date +%s) - t0 )) s)"; }
 step "build"; python3 -c "import moebench.ops as o; print(o.impl_status())" 2>&1 | tail -2
 D="python3 -m moebench.dispatch --ep 1 --device cuda --out $OUT/h200-dispatch.jsonl"
 step "dispatch"; $D --backend alltoall,mcore-alltoall 2>&1 | tail -6; $D --backend alltoall --dtype fp8 2>&1 | tail -3
-step "check"; timeout 180 python3 -m moebench.check --json "$OUT/h200-check.json" --junit "$OUT/h200-check.xml" 2>&1 | tail -20
+step "check"; timeout 180 python3 -m moebench.check --out "$OUT/h200-check.json" --junit "$OUT/h200-check.xml" 2>&1 | tail -20
 step "megatron"; timeout 200 python3 -m moebench.megatron validate --dispatcher alltoall --steps 50 --ep 1 \
   --out "$OUT/h200-megatron-validate.jsonl" 2>&1 | tail -8
 step "gpu tests"; timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider 2>&1 | tail -6 | tee "$OUT/h200-gpu-tests.log"

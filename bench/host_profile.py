@@ -10,12 +10,11 @@ import sys
 import torch
 
 import moebench.ops as ops
-from moebench.permute import Bench
+from moebench.timing import host_us
 
 args = sys.argv[1:]
 T, H, K, E = (int(v) for v in args[:4]) if len(args) >= 4 else (8192, 2048, 8, 128)
 impls = args[4:] or ["cuda", "triton"]
-bench = Bench(torch.device("cuda"), iters=1, flush=False)
 x = torch.randn(T, H, device="cuda").bfloat16()
 idx = torch.topk(torch.rand(T, E, device="cuda"), K, dim=1).indices
 for impl in impls:
@@ -23,7 +22,7 @@ for impl in impls:
         fn = lambda: ops.permute(x, idx, E, impl=impl, num_out_rows=n_out)  # noqa: E731
         for _ in range(20):
             fn()
-        print(f"## {impl} num_out_rows={n_out}: host median {bench.host_us(fn, n=50):.1f} us per call")
+        print(f"## {impl} num_out_rows={n_out}: host median {host_us(fn, cuda=True, n=50):.1f} us per call")
         if n_out is None:
             pr = cProfile.Profile()
             pr.enable()

@@ -23,7 +23,7 @@ echo "# tests done: $(( $(date +%s) - t0 )) s"
 python3 -m moebench.permute --out "$OUT/permute-h200.jsonl" --plot "$OUT/permute-h200.png" "$@" 2>&1 \
   | tee "$OUT/permute-h200.txt"
 python3 -m moebench.permute --dtype fp8 --ops permute --shapes 4096x7168x8x256,16384x7168x8x256 \
-  --impl megatron,triton,cuda --iters 30 --out "$OUT/permute-h200-fp8.jsonl" 2>&1 | tee "$OUT/permute-h200-fp8.txt"
+  --ops-impl megatron,triton,cuda --iters 30 --out "$OUT/permute-h200-fp8.jsonl" 2>&1 | tee "$OUT/permute-h200-fp8.txt"
 NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 if "$NVCC" -O3 -arch=sm_90a -std=c++17 csrc/probes/fanout_bw.cu -o /tmp/fanout_bw; then
   for a in "--rows 4096 --row-bytes 14336" "--rows 16384 --row-bytes 14336" "--rows 8192 --row-bytes 4096" \

@@ -7,7 +7,7 @@ nothing FAILed, 1 when something did, 2 on bad usage.
 
   python -m moebench.check -l                      list the checks
   python -m moebench.check -p hybridep             the HybridEP family
-  python -m moebench.check --json out.json --junit out.xml --baseline old.json
+  python -m moebench.check --out out.json --junit out.xml --baseline old.json
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from . import checks, results
-from .checks import baseline, report
+from .checks import baseline, output
 from .checks.registry import FAIL, REGISTRY, Context, SelectionError
 
 
@@ -31,9 +31,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-l", "--list", action="store_true", help="list the checks and exit")
     p.add_argument("-t", "--test", action="append", metavar="KEY", help="run check KEY (or family KEY.*); repeatable")
     p.add_argument("-p", "--prefix", action="append", metavar="PREFIX", help="run checks whose key starts with PREFIX")
-    p.add_argument("--json", metavar="PATH", help="write the report as one JSON object")
+    p.add_argument("--out", metavar="PATH", help="write the report as one JSON object (replaced each run)")
+    p.add_argument("--json", dest="out", default=argparse.SUPPRESS, help=argparse.SUPPRESS)   # old name of --out
     p.add_argument("--junit", metavar="PATH", help="write JUnit XML (WAIVED = skipped, FAIL = failure)")
-    p.add_argument("--baseline", metavar="FILE", help="earlier run (dispatch JSONL or check --json report) to gate against")
+    p.add_argument("--baseline", metavar="FILE", help="earlier run (dispatch JSONL or check --out report) to gate against")
     p.add_argument("--threshold", type=float, default=baseline.DEFAULT_THRESHOLD_PCT,
                    help="bandwidth drop in %% that fails the baseline gate (default 10)")
     p.add_argument("--results", action="append", metavar="FILE",
@@ -86,12 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     start = results.utc_now()
     print(f"# moebench.check: {len(chosen)} check(s)")
     res = checks.run(chosen, Context(args), progress=lambda r: print(_line(r), flush=True))
-    c = report.counts(res)
+    c = output.counts(res)
     print(f"# {c['PASS']} PASS, {c['FAIL']} FAIL, {c['WAIVED']} WAIVED")
-    if args.json:
-        report.write_json(args.json, report.to_json(res, argv, start, results.utc_now()))
+    if args.out:
+        output.write_json(args.out, output.to_json(res, argv, start, results.utc_now()))
     if args.junit:
-        report.write_junit(args.junit, res)
+        output.write_junit(args.junit, res)
     return 1 if any(r.status == FAIL for r in res) else 0
 
 

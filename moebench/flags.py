@@ -23,13 +23,10 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 
-PHASES = ("dispatch", "combine")
-MEGATRON_BACKENDS = ("alltoall", "deepep", "hybridep")
-FAMILIES = {   # family -> (control, {backend record name: Megatron backend})
-    "mcore": ("mcore-alltoall", {"mcore-deepep": "deepep", "mcore-hybridep": "hybridep"}),
-    "raw": ("alltoall", {"deepep": "deepep", "hybridep": "hybridep"}),
-}
-FLEX_DEFAULT_SMS = {"deepep": "20", "hybridep": "16 (0.16/0.17) or DeepEP's default (0.18+)"}
+from . import megatron_map, record
+from .megatron_map import BACKENDS, CONTROL
+from .record import PHASES
+
 
 
 class FlagsError(ValueError):
@@ -61,18 +58,19 @@ class FlagSet:
 def megatron_flags(backend: str, version: str, num_sms: int | None = None, overlap: bool = False,
                    ep: int | None = None, ranks_per_nvlink_domain: int | None = None) -> FlagSet:
     """The Megatron-LM flags, Megatron-Bridge overrides and env for one dispatcher backend."""
-    backend = backend[len("mcore-"):] if backend.startswith("mcore-") else backend
-    if backend not in MEGATRON_BACKENDS:
-        raise FlagsError(f"no Megatron setting for backend {backend!r} (known: {', '.join(MEGATRON_BACKENDS)})")
+    backend = megatron_map.megatron_name(backend)
+    if backend not in BACKENDS:
+        raise FlagsError(f"no Megatron setting for backend {backend!r} (known: {', '.join(BACKENDS)})")
+    mb = BACKENDS[backend]
     if num_sms is not None and num_sms < 1:
         raise FlagsError(f"--num-sms must be >= 1, got {num_sms}")
     new = parse_version(version) >= (0, 19)
     f = FlagSet(backend, version)
-    if backend == "alltoall":
-        f.megatron_lm += ["--moe-token-dispatcher-type", "alltoall"]
-        f.megatron_bridge.append("model.moe_token_dispatcher_type=alltoall")
+    if not mb.flex:
+        f.megatron_lm += ["--moe-token-dispatcher-type", mb.dispatcher_type]
+        f.megatron_bridge.append(f"model.moe_token_dispatcher_type={mb.dispatcher_type}")
         if num_sms is not None:
-            f.notes.append("alltoall runs on NCCL: an SM count does not apply and is not emitted")
+            f.notes.append(f"{backend} runs on NCCL: an SM count does not apply and is not emitted")
     else:
         f.megatron_lm += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", backend]
         f.megatron_bridge += ["model.moe_token_dispatcher_type=flex", f"model.moe_flex_dispatcher_backend={backend}"]
@@ -81,13 +79,13 @@ def megatron_flags(backend: str, version: str, num_sms: int | None = None, overl
             f.megatron_lm += ["--" + key.replace("_", "-"), str(num_sms)]
             f.megatron_bridge.append(f"model.{key}={num_sms}")
         else:
-            f.notes.append(f"no SM count measured or given: Megatron's default applies ({FLEX_DEFAULT_SMS[backend]})")
-        if backend == "hybridep":
+            f.notes.append(f"no SM count measured or given: Megatron's default applies ({mb.default_sms})")
+        if mb.domain_env:
             if ranks_per_nvlink_domain:
-                f.env["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] = str(ranks_per_nvlink_domain)
+                f.env[mb.domain_env] = str(ranks_per_nvlink_domain)
             else:
-                f.notes.append("set NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN to the GPUs per NVLink domain "
-                               "if HybridEP's detection is wrong (not known here)")
+                f.notes.append(f"set {mb.domain_env} to the GPUs per NVLink domain "
+                               f"if {backend}'s detection is wrong (not known here)")
         f.notes.append("recommended with flex: --moe-router-dtype fp32 (model.moe_router_dtype=fp32); "
                        "DeepEP/HybridEP take fp32 probs and cast otherwise")
         f.notes.append("flex does not support --moe-shared-expert-overlap (Bridge turns it off)")
@@ -133,12 +131,12 @@ def summarize(records: list[dict]) -> dict[str, Summary]:
     """name -> Summary over the dispatch and combine phases (the last record of each phase wins)."""
     last: dict[str, dict[str, dict]] = {}
     for r in records:
-        last.setdefault(r["backend"]["name"], {})[r["phase"]] = r
+        last.setdefault(record.name(r), {})[r["phase"]] = r
     out = {}
     for name, phases in last.items():
         recs = [phases.get(p) for p in PHASES]
         any_rec = next(r for r in phases.values())
-        s = Summary(name, any_rec["check"]["status"], any_rec["check"].get("error") or "",
+        s = Summary(name, record.status(any_rec), record.error(any_rec),
                     knobs=any_rec["backend"].get("knobs") or {}, env=(any_rec.get("env") or {}).get("env") or {})
         if s.status == "PASS":
             if any(r is None or not r.get("timing") for r in recs):
@@ -170,14 +168,15 @@ def decide(records: list[dict], min_gain: float = 0.0) -> dict:
     """The A/B for one workload's records: {family, control, candidates, winner, reason}."""
     sums = summarize(records)
     fam = _pick_family(sums)
-    out = {"family": fam, "control": None, "candidates": [], "winner": "alltoall", "winner_record": None}
+    out = {"family": fam, "control": None, "candidates": [], "winner": CONTROL, "winner_record": None}
     if fam is None:
         seen = ", ".join(f"{n} {s.status}" for n, s in sums.items()) or "no records"
         out["reason"] = ("keep alltoall: no matched A/B (it needs a passing alltoall control and a passing "
                          f"candidate of the same family, raw or mcore-*; measured: {seen})")
-        out["candidates"] = [_ineligible(s) for n, s in sums.items() if n not in ("alltoall", "mcore-alltoall")]
+        controls = {control for control, _ in megatron_map.families().values()}
+        out["candidates"] = [_ineligible(s) for n, s in sums.items() if n not in controls]
         return out
-    control_name, cands = FAMILIES[fam]
+    control_name, cands = megatron_map.families()[fam]
     control = sums[control_name]
     out["control"] = {"name": control.name, "median_us": control.median_us, "p10_us": control.p10_us,
                       "p90_us": control.p90_us}
@@ -203,7 +202,7 @@ def decide(records: list[dict], min_gain: float = 0.0) -> dict:
 
 def _pick_family(sums: dict[str, Summary]) -> str | None:
     for fam in ("mcore", "raw"):
-        control, cands = FAMILIES[fam]
+        control, cands = megatron_map.families()[fam]
         if control in sums and sums[control].status == "PASS" and \
                 any(sums[c].status == "PASS" for c in cands if c in sums):
             return fam
@@ -233,9 +232,10 @@ def decisions_from_results(records: list[dict], version: str, overlap: bool = Fa
         if d["winner_record"]:
             won = sums[d["winner_record"]]
             sms = sms if sms is not None else _knob_sms(won.knobs)
-            env_domain = won.env.get("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN")
+            domain_env = BACKENDS[d["winner"]].domain_env
+            env_domain = won.env.get(domain_env) if domain_env else None
         domain = int(env_domain) if env_domain else min(w["ep"], w.get("gpus_per_node", w["ep"]))
-        flags = megatron_flags(d["winner"], version, sms if d["winner"] != "alltoall" else None, overlap,
+        flags = megatron_flags(d["winner"], version, sms if BACKENDS[d["winner"]].flex else None, overlap,
                                ep=w["ep"], ranks_per_nvlink_domain=domain)
         for k, v in best.get(d["winner_record"], {}).items():   # env knobs of the swept best setting
             if k.startswith("env:"):
@@ -249,7 +249,7 @@ def _best_setting_only(recs: list[dict]) -> tuple[list[dict], dict[str, dict]]:
     (knobs.best_knobs: lowest dispatch + combine median), so the A/B and the flags use it."""
     from .knobs import best_knobs, knobs_of
     best = {b["backend"]: b["knobs"] for b in best_knobs(recs) if b["settings"] > 1}
-    kept = [r for r in recs if r["backend"]["name"] not in best or knobs_of(r) == best[r["backend"]["name"]]]
+    kept = [r for r in recs if record.name(r) not in best or knobs_of(r) == best[record.name(r)]]
     return kept, best
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 
+from . import record
 from .workload import describe
 
 TUNABLE = ("num_sms",)        # backend.knobs keys that count as a knob setting without sweep tags
@@ -29,8 +30,8 @@ def best_knobs(records) -> list[dict]:
     """
     groups: dict = {}
     for r in records:
-        t = r.get("timing") or {}
-        if (r.get("check") or {}).get("status") != "PASS" or "median_us" not in t:
+        t = record.timing(r)
+        if record.status(r) != "PASS" or "median_us" not in t:
             continue
         if r.get("phase") not in ("dispatch", "combine"):
             continue
@@ -38,7 +39,7 @@ def best_knobs(records) -> list[dict]:
         if not knobs:
             continue
         wkey = json.dumps(r["workload"], sort_keys=True)
-        setting = groups.setdefault((r["backend"]["name"], wkey), {}).setdefault(
+        setting = groups.setdefault((record.name(r), wkey), {}).setdefault(
             json.dumps(knobs, sort_keys=True), {"dispatch": [], "combine": []})
         setting[r["phase"]].append(t["median_us"])
     out = []

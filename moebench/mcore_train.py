@@ -28,13 +28,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .megatron_map import BACKENDS
 from .backends.mcore import emulate_cuda_on_cpu, mcore_version, num_sms_config, patch_megatron_without_te
 
-EXPECTED = {   # dispatcher -> (token dispatcher class, flex comm manager class or None)
-    "alltoall": ("MoEAlltoAllTokenDispatcher", None),
-    "deepep": ("MoEFlexTokenDispatcher", "_DeepepManager"),
-    "hybridep": ("MoEFlexTokenDispatcher", "_HybridEPManager"),
-}
+EXPECTED = {n: (b.dispatcher_class, b.manager_class) for n, b in BACKENDS.items()}   # classes that must run
 
 
 @dataclass
@@ -137,13 +134,13 @@ def build_model(spec: TrainSpec, dispatcher: str, world: int):
     kw = dict(num_layers=spec.num_layers, hidden_size=spec.hidden, num_attention_heads=spec.heads,
               ffn_hidden_size=spec.ffn_hidden, moe_ffn_hidden_size=spec.ffn_hidden,
               num_moe_experts=spec.num_experts, moe_router_topk=spec.topk, moe_router_pre_softmax=spec.topk == 1,
-              moe_token_dispatcher_type="alltoall" if dispatcher == "alltoall" else "flex",
+              moe_token_dispatcher_type=BACKENDS[dispatcher].dispatcher_type,
               expert_model_parallel_size=world, moe_router_dtype="fp32", moe_permute_fusion=False,
               moe_grouped_gemm=False, moe_router_load_balancing_type="aux_loss" if spec.aux_loss_coeff else "none",
               moe_aux_loss_coeff=spec.aux_loss_coeff, add_bias_linear=False, gated_linear_unit=True,
               activation_func=F.silu, bias_activation_fusion=False, hidden_dropout=0.0, attention_dropout=0.0,
               bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, init_method_std=0.02)
-    if dispatcher != "alltoall":
+    if BACKENDS[dispatcher].flex:
         kw["moe_flex_dispatcher_backend"] = dispatcher
         kw.update(num_sms_config(TransformerConfig, dispatcher, spec.num_sms))
     cfg = TransformerConfig(**kw)

@@ -17,6 +17,9 @@ import sys
 
 from . import flags as F
 from . import results
+from .megatron_map import BACKENDS, CONTROL
+from .record import read_dispatch
+from .toolkit import dist_version, installed
 
 VALIDATE_SCHEMA = "moebench.megatron.validate/1"
 FLAGS_SCHEMA = "moebench.megatron.flags/1"
@@ -29,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
     f = sub.add_parser("flags", help="Megatron settings from results or a backend name")
     src = f.add_mutually_exclusive_group(required=True)
     src.add_argument("--results", help="moebench.dispatch JSONL file")
-    src.add_argument("--backend", help="alltoall | deepep | hybridep (mcore-* accepted)")
+    src.add_argument("--backend", help=" | ".join(BACKENDS) + " (mcore-* accepted)")
     f.add_argument("--num-sms", type=int, help="SMs for deepep/hybridep (default: from the winning record)")
     f.add_argument("--megatron-core-version", help="target megatron-core (default: the installed one)")
     f.add_argument("--overlap", action="store_true", help="also emit EP comm/compute overlap settings")
@@ -40,7 +43,7 @@ def parser() -> argparse.ArgumentParser:
                    help="also require the gain to exceed this fraction of alltoall's time (default 0)")
     f.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     v = sub.add_parser("validate", help="short megatron-core training check of a dispatcher")
-    v.add_argument("--dispatcher", choices=("alltoall", "deepep", "hybridep"), required=True)
+    v.add_argument("--dispatcher", choices=tuple(BACKENDS), required=True)
     v.add_argument("--steps", type=int, default=50)
     v.add_argument("--ep", type=int, help="EP = world size (default: visible GPUs)")
     v.add_argument("--num-layers", type=int, default=2)
@@ -64,14 +67,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def cmd_flags(args) -> int:
-    version = args.megatron_core_version or results.dist_version("megatron-core")
+    version = args.megatron_core_version or dist_version("megatron-core")
     if not version:
         raise F.FlagsError("megatron-core is not installed here: pass --megatron-core-version V")
     F.parse_version(version)
     if args.results:
         try:
-            recs = results.read_jsonl(args.results)
-        except (OSError, ValueError) as e:
+            recs = read_dispatch([args.results])
+        except OSError as e:
             raise F.FlagsError(f"cannot read {args.results}: {e}") from None
         decisions = F.decisions_from_results(recs, version, args.overlap, args.num_sms, args.min_gain)
         if not decisions:
@@ -112,7 +115,7 @@ def _validate_env(args) -> tuple[str, int]:
     """(device type, world); raises FlagsError (exit 2) when this machine cannot run it."""
     import torch
     from .launch import joined_env
-    if not results.installed("megatron.core"):
+    if not installed("megatron.core"):
         raise F.FlagsError("validate needs megatron-core (pip install megatron-core)")
     joined = joined_env()
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -123,18 +126,18 @@ def _validate_env(args) -> tuple[str, int]:
     world = joined[1] if joined else (args.ep or ngpu)
     if not joined and world > ngpu:
         raise F.FlagsError(f"--ep {world} needs {world} GPUs, {ngpu} visible (or launch with torchrun)")
-    if args.dispatcher != "alltoall":
+    if BACKENDS[args.dispatcher].flex:
         if world < 2:
             raise F.FlagsError(f"--dispatcher {args.dispatcher} needs EP >= 2 "
                                "(Megatron's flex dispatcher asserts TPxEP > 1)")
-        if not results.installed("deep_ep"):
+        if not installed("deep_ep"):
             raise F.FlagsError(f"--dispatcher {args.dispatcher} needs deep_ep installed (WAIVED here)")
     if args.num_experts % world:
         raise F.FlagsError(f"--num-experts {args.num_experts} is not divisible by EP {world}")
     return "cuda", world
 
 
-def run_one(spec, dispatcher: str, device: str, world: int, timeout: float) -> dict:
+def run_training(spec, dispatcher: str, device: str, world: int, timeout: float) -> dict:
     from .launch import LaunchError, run_ranks
     from .mcore_train import rank_train, summarize
     try:
@@ -168,12 +171,12 @@ def cmd_validate(args, argv) -> int:
     device, world = _validate_env(args)
     if device == "cpu":
         print("# CPU functional run (CUDA calls emulated): not a measurement and not a validation")
-    runs = [] if args.no_control or args.dispatcher == "alltoall" else [("control", "alltoall")]
+    runs = [] if args.no_control or args.dispatcher == CONTROL else [("control", CONTROL)]
     runs.append(("candidate", args.dispatcher))
     out = []
     for role, disp in runs:
         print(f"# {role}: megatron-core GPT-MoE, dispatcher {disp}, EP {world}, {spec.steps} steps ...", flush=True)
-        r = run_one(spec, disp, device, world, args.timeout)
+        r = run_training(spec, disp, device, world, args.timeout)
         if not r:
             return 0
         r["role"] = role

@@ -2,29 +2,31 @@
 
 Per shape (T x H x K x E) and implementation (torch, triton, cuda, megatron = megatron-core's
 unfused moe_utils path, te = Transformer Engine) it checks the result against the torch oracle,
-then times the call as a user makes it (index math, allocation, Python glue and all) with CUDA
-events, the L2 flushed by a read of a buffer larger than L2 before every iteration, median of
---iters. ``permute`` is called with the row count known, as Megatron's baseline is (its
-num_out_tokens); ``permute_wait`` without it, so the host also waits for the device's count.
+then times the call as a user makes it (index math, allocation, Python glue and all) with
+timing.Timer: a --warmup-ms budget, the calls queued back to back with CUDA events around each,
+the L2 flushed before every call (timing.py's flush), median and p10/p90 of --iters.
+``permute`` is called with the row count known, as Megatron's baseline is (its num_out_tokens);
+``permute_wait`` without it, so the host also waits for the device's count.
 Effective GB/s counts unique bytes: permute reads T*H and writes R*H (R = routed slots, T*K
 without masked slots), unpermute the reverse; fp8 adds the scales. The device-to-device copy
 bandwidth (read + write) is measured in the same run and every row reports its fraction.
-Tuning knobs for sweeps: ``cuda@V`` (variant bits, see csrc/moe_permute.h) and
-``triton@COPY_BH:COPY_WARPS:UNPERM_BH:UNPERM_WARPS:COPY_TMA``.
+Inputs are a Workload's tokens and routing (workload.py, uniform routing, ep 1). Kernel variants
+are impl strings, passed through to moebench.ops: ``cuda@V`` (variant bits, see csrc/moe_permute.h)
+and ``triton@BH:WARPS:UBH:UWARPS:TMA`` (ops/triton_impl.Knobs).
 """
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import torch
 
 import moebench.ops as ops
 from moebench import results
-from moebench.timing import kernel_profile
+from moebench.record import PermuteRecord
+from moebench.timing import Timer, host_us, kernel_profile, write_trace
+from moebench.workload import Workload, WorkloadError, rank_inputs
 
 DEFAULT_SHAPES = "4096x7168x8x256,16384x7168x8x256,8192x2048x8x128,8192x4096x8x128"
 CPU_SHAPES = "64x128x4x8"
@@ -56,13 +58,17 @@ def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m moebench.permute", description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default=None, help=f"TxHxKxE,... (default {DEFAULT_SHAPES}; CPU {CPU_SHAPES})")
-    p.add_argument("--impl", default=",".join(IMPLS), help="comma list of " + ", ".join(IMPLS))
+    p.add_argument("--ops-impl", dest="impl", default=",".join(IMPLS),
+                   help="comma list of " + ", ".join(IMPLS) + " (cuda@V, triton@BH:WARPS:... for variants)")
+    p.add_argument("--impl", dest="impl", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old name
     p.add_argument("--ops", default=",".join(OPS), help="comma list of " + ", ".join(OPS))
     p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--warmup-ms", type=float, help="warm-up budget per timed row (default 200; CPU 0)")
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="permute payload")
-    p.add_argument("--out", default=None, help="JSONL output path")
+    p.add_argument("--out", default=None, help="JSONL file to append to")
     p.add_argument("--plot", default=None, help="PNG: GB/s per impl and shape with the copy line")
-    p.add_argument("--no-flush", action="store_true", help="do not flush L2 between iterations")
+    p.add_argument("--no-flush-l2", dest="no_flush_l2", action="store_true", help="skip the L2 flush before timed calls")
+    p.add_argument("--no-flush", dest="no_flush_l2", action="store_true", help=argparse.SUPPRESS)  # old name
     p.add_argument("--profile", action="store_true", help="also record per-kernel times (profiler)")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="also write a Chrome trace (host + GPU) of 4 timed iterations per row to DIR")
@@ -73,7 +79,7 @@ def parse_args(argv):
     impls = [s for s in a.impl.split(",") if s]
     for s in impls:
         if s.split("@")[0] not in IMPLS:
-            raise UsageError(f"--impl: unknown {s!r}; known: {', '.join(IMPLS)}")
+            raise UsageError(f"--ops-impl: unknown {s!r}; known: {', '.join(IMPLS)}")
     a.impl_list = impls
     a.op_list = [s for s in a.ops.split(",") if s]
     for s in a.op_list:
@@ -83,68 +89,21 @@ def parse_args(argv):
 
 
 # ---------------------------------------------------------------- timing
-class Bench:
-    def __init__(self, device, iters, flush):
-        self.device, self.iters = device, iters
-        self.cuda = device.type == "cuda"
-        self.flush = None
-        if self.cuda and flush:
-            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
-            self.flush = torch.empty(max(4 * l2, 256 << 20) // 4, dtype=torch.float32, device=device)
-            self.flush.normal_()
-
-    def host_us(self, fn, n=10) -> float:
-        """Median host time of one call, device idle before it (launches + any host wait)."""
-        out = []
-        for _ in range(n):
-            if self.cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(out)
-
-    def time(self, fn, iters=None) -> list[float]:
-        """Per-iteration microseconds: CUDA events (GPU) or perf_counter (CPU)."""
-        iters = iters or self.iters
-        for _ in range(3):
-            fn()
-        if not self.cuda:
-            out = []
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                fn()
-                out.append((time.perf_counter() - t0) * 1e6)
-            return out
-        torch.cuda.synchronize()
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(iters)]
-        for s, e in ev:
-            if self.flush is not None:
-                self.flush.amax()  # read-only flush: leaves no dirty lines to write back
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        return [s.elapsed_time(e) * 1e3 for s, e in ev]
-
-    def bandwidths(self) -> dict:
-        """GB/s of a D2D copy (read + write counted), a write-only fill and a read-only max."""
-        n = (1 << 30) if self.cuda else (64 << 20)
-        src = torch.empty(n // 4, dtype=torch.float32, device=self.device).normal_()
-        dst = torch.empty_like(src)
-        med = lambda fn: statistics.median(self.time(fn))  # noqa: E731
-        return dict(copy_GBps=2 * n / med(lambda: dst.copy_(src)) / 1e3,
-                    write_GBps=n / med(lambda: dst.fill_(1.0)) / 1e3,
-                    read_GBps=n / med(lambda: src.amax()) / 1e3)
+def measure(timer: Timer, fn, a):
+    """timing.Stats of fn: a --warmup-ms budget, then --iters calls queued back to back."""
+    warmup = a.warmup_ms if a.warmup_ms is not None else (200.0 if timer.cuda else 0.0)
+    return timer.run(fn, a.iters, warmup, queued=True)
 
 
-def write_trace(bench, fn, path, n=4):
-    """Chrome trace (host calls and GPU kernels) of n iterations of the timed loop."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        bench.time(fn, iters=n)
-    prof.export_chrome_trace(path)
+def bandwidths(timer: Timer, a) -> dict:
+    """GB/s of a D2D copy (read + write counted), a write-only fill and a read-only max."""
+    n = (1 << 30) if timer.cuda else (64 << 20)
+    src = torch.empty(n // 4, dtype=torch.float32, device=timer.device).normal_()
+    dst = torch.empty_like(src)
+    med = lambda fn: measure(timer, fn, a).median_us  # noqa: E731
+    return dict(copy_GBps=2 * n / med(lambda: dst.copy_(src)) / 1e3,
+                write_GBps=n / med(lambda: dst.fill_(1.0)) / 1e3,
+                read_GBps=n / med(lambda: src.amax()) / 1e3)
 
 
 # ---------------------------------------------------------------- implementations
@@ -153,44 +112,26 @@ def _megatron():
     return moe_utils
 
 
-def set_knobs(spec: str):
-    """Apply 'cuda@V' / 'triton@a:b:c:d' tuning knobs; return the base impl name."""
-    name, _, knob = spec.partition("@")
-    if name == "cuda":
-        from moebench.ops import cuda_impl
-        cuda_impl.VARIANT_PERMUTE = cuda_impl.VARIANT_UNPERMUTE = int(knob or 0)
-    elif name == "triton":
-        from moebench.ops import triton_impl
-        default = [1024, 4, 1024, 4, 0]
-        vals = [int(v) for v in knob.split(":")] if knob else default
-        (triton_impl.COPY_BH, triton_impl.COPY_WARPS, triton_impl.UNPERM_BH,
-         triton_impl.UNPERM_WARPS, triton_impl.COPY_TMA) = (vals + default[len(vals):])[:5]
-    return name
-
-
 def make_case(T, H, K, E, dtype, device, seed):
-    g = torch.Generator(device=device).manual_seed(seed)
-    idx = torch.topk(torch.rand(T, E, device=device, generator=g), K, dim=1).indices
-    x = torch.randn(T, H, device=device, generator=g)
-    scales = None
-    if dtype == "fp8":
-        x, scales = x.to(torch.float8_e4m3fn), torch.rand(T, max(1, H // 128), device=device, generator=g)
-    else:
-        x = x.bfloat16()
-    w = torch.rand(T, K, device=device, generator=g)
+    """A Workload's rank-0 tokens and uniform routing (fp8: quantized, with its scales)."""
+    w = Workload(num_tokens=T, hidden=H, num_experts=E, topk=K, ep=1, dtype=dtype, seed=seed)
+    x, idx, wt, q, scales = rank_inputs(w, 0, device)
+    x = q if q is not None else x
     routing_map = torch.zeros(T, E, dtype=torch.bool, device=device).scatter_(1, idx, True)
-    probs = torch.zeros(T, E, device=device).scatter_(1, idx, w)
-    return dict(x=x, scales=scales, idx=idx, w=w, routing_map=routing_map, probs=probs)
+    probs = torch.zeros(T, E, device=device).scatter_(1, idx, wt)
+    return dict(x=x, scales=scales, idx=idx, w=wt, routing_map=routing_map, probs=probs)
 
 
-def op_fns(name, case, ref, E):
-    """({op: fn} for the ops this impl has, check); check() -> error string or ''."""
+def op_fns(impl, case, ref, E):
+    """({op: fn} for the ops this impl has, check); check() -> error string or ''.
+    impl: a name, or for moebench's kernels name@variant (passed to moebench.ops as it is)."""
+    name = impl.partition("@")[0]
     x, s, idx, w = case["x"], case["scales"], case["idx"], case["w"]
     y = ref["y"]
     n_out = int(ref["perm"].x_RH.shape[0])
     if name in ("torch", "triton", "cuda"):
-        perm = lambda n=None: ops.permute(x, idx, E, scales_TS=s, impl=name, num_out_rows=n)  # noqa: E731
-        unperm = lambda: ops.unpermute(y, ref["perm"].row_map_TK, w, impl=name)  # noqa: E731
+        perm = lambda n=None: ops.permute(x, idx, E, scales_TS=s, impl=impl, num_out_rows=n)  # noqa: E731
+        unperm = lambda: ops.unpermute(y, ref["perm"].row_map_TK, w, impl=impl)  # noqa: E731
 
         def check():
             for p in (perm(), perm(n_out)):
@@ -253,7 +194,7 @@ def unique_bytes(op, T, H, R, case):
     return (T + R) * (H * xb + sb)
 
 
-def run_shape(shape, a, bench, copy_GBps, device, prov, cmd):
+def run_shape(shape, a, timer, copy_GBps, device, prov, cmd):
     T, H, K, E = shape
     case = make_case(T, H, K, E, a.dtype, device, a.seed)
     ref_perm = ops.permute(case["x"], case["idx"], E, scales_TS=case["scales"], impl="torch")
@@ -262,16 +203,16 @@ def run_shape(shape, a, bench, copy_GBps, device, prov, cmd):
     ref = {"perm": ref_perm, "y": y, "unperm": ops.unpermute(y, ref_perm.row_map_TK, case["w"], impl="torch")}
     recs = []
     for spec in a.impl_list:
-        name = set_knobs(spec)
+        name = spec.partition("@")[0]
         ok, why = available(name)
-        base = dict(schema=results.SCHEMA, tool="moebench.permute", command=cmd,
+        base = dict(command=cmd, functional=not timer.cuda,
                     shape=dict(T=T, H=H, K=K, E=E, R=R, dtype=a.dtype), impl=spec, env=prov,
                     copy_GBps=round(copy_GBps, 1), start_utc=results.utc_now())
         if not ok:
             recs += [dict(base, op=op, check=dict(status="WAIVED", error=why)) for op in a.op_list]
             continue
         try:
-            fns, check = op_fns(name, case, ref, E)
+            fns, check = op_fns(spec, case, ref, E)
             err = check()
         except Exception as e:  # noqa: BLE001 - one impl failing must not stop the others
             err = f"{type(e).__name__}: {e}"
@@ -281,30 +222,26 @@ def run_shape(shape, a, bench, copy_GBps, device, prov, cmd):
             rec = dict(base, op=op, check=dict(status="FAIL" if err else "PASS", error=err or None))
             if not err:
                 fn = fns[op]
-                us = bench.time(fn)
-                med = statistics.median(us)
+                st = measure(timer, fn, a)
+                med = st.median_us
                 nbytes = unique_bytes(op, T, H, R, case)
-                q = statistics.quantiles(us, n=10) if len(us) > 1 else [med] * 9
-                rec.update(timing=dict(timer="cuda_events" if bench.cuda else "perf_counter",
-                                       iters=len(us), median_us=round(med, 2), p10_us=round(q[0], 2),
-                                       p90_us=round(q[-1], 2), l2_flush=bench.flush is not None),
+                rec.update(timing=dict(st.asdict(), l2_flush=timer.flush_buf is not None),
                            bytes=nbytes, GBps=round(nbytes / med / 1e3, 1),
                            frac_of_copy=round(nbytes / med / 1e3 / copy_GBps, 3))
-                if a.profile and bench.cuda:
+                if a.profile and timer.cuda:
                     rec["kernels"] = kernel_profile(fn, cuda=True)
-                    rec["host_us"] = round(bench.host_us(fn), 1)
-                if a.trace and bench.cuda:
+                    rec["host_us"] = round(host_us(fn, cuda=True), 1)
+                if a.trace and timer.cuda:
                     os.makedirs(a.trace, exist_ok=True)
-                    write_trace(bench, fn, os.path.join(a.trace, f"{spec}-{op}-{T}x{H}x{K}x{E}.json"))
+                    write_trace(timer, fn, os.path.join(a.trace, f"{spec}-{op}-{T}x{H}x{K}x{E}.json"))
             rec["end_utc"] = results.utc_now()
             recs.append(rec)
-    set_knobs("cuda"), set_knobs("triton")
     for r in recs:  # speedup over megatron, same shape and op (its permute for permute_wait)
         mop = "permute" if r["op"].startswith("permute") else r["op"]
         m = next((q for q in recs if q["impl"] == "megatron" and q["op"] == mop and "timing" in q), None)
         if m and "timing" in r:
             r["speedup_vs_megatron"] = round(m["timing"]["median_us"] / r["timing"]["median_us"], 2)
-    return recs
+    return [PermuteRecord(**r).asdict() for r in recs]
 
 
 def format_table(recs) -> str:
@@ -351,28 +288,30 @@ def main(argv=None) -> int:
         a = parse_args(argv)
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         shapes = parse_shapes(a.shapes or (DEFAULT_SHAPES if device.type == "cuda" else CPU_SHAPES))
-    except UsageError as e:
+        for T, H, K, E in shapes:
+            Workload(num_tokens=T, hidden=H, num_experts=E, topk=K, ep=1, dtype=a.dtype)   # bad shape: exit 2
+    except (UsageError, WorkloadError) as e:
         print(f"moebench.permute: {e}", file=sys.stderr)
         return 2
     if device.type == "cpu":
         print("# CPU run: functional check only; CPU times are not performance figures")
     cmd = results.repro_command(argv, "moebench.permute")
     prov = results.provenance()
-    bench = Bench(device, a.iters, not a.no_flush)
-    bw = bench.bandwidths()
+    timer = Timer(device, flush_l2=not a.no_flush_l2)
+    bw = bandwidths(timer, a)
     copy_GBps = bw["copy_GBps"]
     prov = dict(prov, **{k: round(v, 1) for k, v in bw.items()})
     print(f"# device {prov.get('gpu') or 'cpu'}; D2D copy {copy_GBps:.0f} GB/s (read + write), "
           f"write-only {bw['write_GBps']:.0f}, read-only {bw['read_GBps']:.0f}; median of "
-          f"{a.iters}, L2 flush {'on' if bench.flush is not None else 'off'}")
+          f"{a.iters}, L2 flush {'on' if timer.flush_buf is not None else 'off'}")
     recs = []
     for shape in shapes:
-        recs += run_shape(shape, a, bench, copy_GBps, device, prov, cmd)
+        recs += run_shape(shape, a, timer, copy_GBps, device, prov, cmd)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print(format_table(recs))
     if a.out:
-        results.write_jsonl(a.out, recs, append=False)
+        results.write_jsonl(a.out, recs)
     if a.plot:
         plot(recs, copy_GBps, a.plot)
     return 1 if any(r["check"]["status"] == "FAIL" for r in recs) else 0

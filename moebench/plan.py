@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from . import ceilings, traffic
+from . import ceilings, record, traffic
 from .workload import DTYPES, Workload, WorkloadError, make_routing
 
 SAMPLE_BUDGET = 1 << 25        # routing scores generated at most (EP ranks x tokens x experts)
@@ -109,12 +109,12 @@ def measured_links(records: list[dict], w: Workload) -> dict:
     """Effective GB/s per backend from results: NVLink-only rows give busbw, cross-node rows net GB/s.
     Rows with the workload's H, K and dtype are preferred; among them the T nearest the workload's."""
     out: dict = {}
-    good = [r for r in records if (r.get("check") or {}).get("status") == "PASS" and r.get("timing")
-            and r.get("phase") in ("dispatch", "combine") and (r.get("traffic") or {}).get("bus_bytes")]
+    good = [r for r in records if record.timed(r) and r.get("phase") in record.PHASES
+            and record.traffic(r).get("bus_bytes")]
     same = [r for r in good if all(r["workload"].get(k) == getattr(w, k) for k in ("hidden", "topk", "dtype"))]
     for r in sorted(same or good, key=lambda r: abs(r["workload"]["num_tokens"] - w.num_tokens), reverse=True):
         tr = r["traffic"]
-        d = out.setdefault(r["backend"]["name"], {}).setdefault(r["phase"], {})
+        d = out.setdefault(record.name(r), {}).setdefault(r["phase"], {})
         if tr.get("net_bytes"):
             d["net_GBps"] = tr.get("net_GBps")
         else:
@@ -242,10 +242,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _read(paths: list[str]) -> list[dict]:
-    from .report import ReportError, load
+    from .record import read_dispatch
     try:
-        return load(paths)
-    except ReportError as e:
+        return read_dispatch(paths)
+    except OSError as e:
         raise WorkloadError(str(e)) from None
 
 

@@ -10,15 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .workload import Workload, fp8_dequantize, fp8_quantize, make_routing, make_tokens
-
-
-def rank_inputs(w: Workload, rank: int, device="cpu"):
-    """(x_TH bf16, topk_idx_TK, topk_w_TK, x_fp8, scales) for a rank; fp8 fields None for bf16."""
-    x = make_tokens(w, rank, device)
-    idx, wt = make_routing(w, rank, device)
-    q, s = fp8_quantize(x) if w.dtype == "fp8" else (None, None)
-    return x, idx, wt, q, s
+from .workload import Workload, fp8_dequantize, rank_inputs
 
 
 def expected_dispatch(w: Workload, rank: int, device="cpu"):

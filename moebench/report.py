@@ -25,36 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
-from . import knobs
+from . import knobs, record
+from .record import PHASES, read_dispatch
 from .workload import describe
 
-PHASES = ("dispatch", "combine")
 METRICS = ("busbw", "algbw", "wirebw", "nvlink", "net")
 Z95 = 1.959964
 
 
 class ReportError(ValueError):
     """Bad input: one line on stderr, exit 2."""
-
-
-def load(paths) -> list[dict]:
-    """Records from JSONL files; a line cut short by a killed run is skipped with a note on stderr."""
-    out = []
-    for path in paths:
-        p = Path(path)
-        if not p.is_file():
-            raise ReportError(f"{path}: no such file")
-        for n, line in enumerate(p.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    print(f"# {path}:{n}: skipped a line that is not JSON", file=sys.stderr)
-                    continue
-                if isinstance(rec, dict) and "workload" in rec and "backend" in rec:
-                    rec.setdefault("_file", str(path))
-                    out.append(rec)
-    return out
 
 
 def family(w: dict) -> str:
@@ -66,16 +46,12 @@ def knob_str(r: dict) -> str:
     return " ".join(f"{short(k)}={v}" for k, v in sorted(knobs.knobs_of(r).items()))
 
 
-def timed(r: dict) -> bool:
-    return (r.get("check") or {}).get("status") == "PASS" and (r.get("timing") or {}).get("median_us") is not None
-
-
 def latest(records: list[dict]) -> list[dict]:
     """One record per (workload, backend, knobs, phase, device, GPU): the last one read wins."""
     seen = {}
     for r in records:
-        key = (json.dumps(r["workload"], sort_keys=True), r["backend"]["name"], knob_str(r), r.get("phase"),
-               r.get("device"), (r.get("env") or {}).get("gpu"))
+        key = (json.dumps(r["workload"], sort_keys=True), record.name(r), knob_str(r), r.get("phase"),
+               r.get("device"), record.gpu(r))
         seen[key] = r
     return list(seen.values())
 
@@ -94,10 +70,10 @@ TABLE_HEAD = ("T", "backend", "knobs", "phase", "median us", "p10-p90 us", "algb
 
 
 def _row(r: dict) -> list[str]:
-    t, tr = r.get("timing") or {}, r.get("traffic") or {}
+    t, tr = record.timing(r), record.traffic(r)
     spread = f"{_f(t.get('p10_us'))}-{_f(t.get('p90_us'))}" if t.get("p10_us") is not None else "-"
-    check = r["check"]["status"] + (f" ({r['check']['error'][:60]})" if r["check"].get("error") else "")
-    return [str(r["workload"]["num_tokens"]), r["backend"]["name"], knob_str(r) or "-", r["phase"],
+    check = record.status(r) + (f" ({record.error(r)[:60]})" if record.error(r) else "")
+    return [str(r["workload"]["num_tokens"]), record.name(r), knob_str(r) or "-", r["phase"],
             _f(t.get("median_us")), spread, _gb(tr.get("algbw_GBps")), _gb(tr.get("busbw_GBps")),
             _f(tr.get("frac_of_ceiling"), 3), _f(tr.get("frac_of_measured"), 3), check]
 
@@ -106,7 +82,7 @@ def _groups(records: list[dict]) -> dict[str, list[dict]]:
     phase_order = {p: i for i, p in enumerate(PHASES)}
     out: dict[str, list[dict]] = {}
     for r in sorted(records, key=lambda r: (family(r["workload"]), r["workload"]["num_tokens"],
-                                            r["backend"]["name"], knob_str(r),
+                                            record.name(r), knob_str(r),
                                             phase_order.get(r["phase"], 9), r["phase"])):
         env = r.get("env") or {}
         where = f"{r.get('device')}" + (f", {env['gpu']}" if env.get("gpu") else "")
@@ -122,7 +98,7 @@ def tables(records: list[dict], markdown: bool = False) -> str:
         parts.append(("### " if markdown else "# ") + title)
         parts.append(tabulate([_row(r) for r in recs], headers=TABLE_HEAD,
                               tablefmt="github" if markdown else "simple", disable_numparse=True))
-        if any(r.get("device") == "cpu" for r in recs):
+        if any(record.is_functional(r) for r in recs):
             parts.append(("" if markdown else "# ") + "CPU/gloo rows: functional only, not performance figures")
         parts.append("")
     return "\n".join(parts)
@@ -175,7 +151,7 @@ def _best_by_key(records: list[dict], key) -> dict:
     """key(record) -> records of the knob setting with the lowest median at that key."""
     groups: dict = {}
     for r in records:
-        if timed(r) and r["phase"] in PHASES:
+        if record.timed(r) and r["phase"] in PHASES:
             groups.setdefault(key(r), {}).setdefault(knob_str(r), []).append(r)
     return {k: min(v.values(), key=lambda rs: float(np.median([r["timing"]["median_us"] for r in rs])))
             for k, v in groups.items()}
@@ -186,7 +162,7 @@ def compare(recs_a: list[dict], recs_b: list[dict], min_effect: float = 0.01, by
     else two runs, matched on workload, backend and phase. Returns {rows, only_a, only_b}."""
     def key(r):
         k = (json.dumps(r["workload"], sort_keys=True), r["phase"])
-        return k if by_backend else k + (r["backend"]["name"],)
+        return k if by_backend else k + (record.name(r),)
     a, b = _best_by_key(recs_a, key), _best_by_key(recs_b, key)
     rows = []
     for k in sorted(set(a) & set(b), key=lambda k: (family(json.loads(k[0])), json.loads(k[0])["num_tokens"],
@@ -195,7 +171,7 @@ def compare(recs_a: list[dict], recs_b: list[dict], min_effect: float = 0.01, by
         ratio, lo, hi, method = ratio_interval(sa, sb)
         w = json.loads(k[0])
         rows.append({"family": family(w), "num_tokens": w["num_tokens"], "phase": k[1],
-                     "backend_a": a[k][0]["backend"]["name"], "backend_b": b[k][0]["backend"]["name"],
+                     "backend_a": record.name(a[k][0]), "backend_b": record.name(b[k][0]),
                      "knobs_a": knob_str(a[k][0]), "knobs_b": knob_str(b[k][0]),
                      "a_median_us": sa["median"], "b_median_us": sb["median"], "ratio": ratio,
                      "ci_low": lo, "ci_high": hi, "noise": method,
@@ -232,10 +208,10 @@ def _series(recs: list[dict], metric: str) -> dict[str, tuple[list, list]]:
     per: dict = {}
     settings: dict = {}
     for r in recs:
-        v = (r.get("traffic") or {}).get(f"{metric}_GBps")
+        v = record.traffic(r).get(f"{metric}_GBps")
         if v is None:
             continue
-        name = r["backend"]["name"]
+        name = record.name(r)
         settings.setdefault(name, set()).add(knob_str(r))
         t = r["workload"]["num_tokens"]
         per.setdefault(name, {})[t] = max(v, per.get(name, {}).get(t, 0.0))
@@ -251,12 +227,12 @@ def _ceilings(recs: list[dict]) -> list[tuple[str, float, str]]:
     """(kind, GB/s, label) for the nominal and measured ceilings recorded with these rows."""
     out = []
     nominal = [(r["traffic"]["ceiling_GBps"], r["traffic"].get("ceiling_source") or "nominal")
-               for r in recs if (r.get("traffic") or {}).get("ceiling_GBps")]
+               for r in recs if record.traffic(r).get("ceiling_GBps")]
     if nominal:
         v, src = max(set(nominal), key=nominal.count)
         out.append(("nominal", v, f"nominal ceiling {_gb(v)} GB/s ({src})"))
     measured = [r["traffic"]["measured_ceiling_GBps"] for r in recs
-                if (r.get("traffic") or {}).get("measured_ceiling_GBps")]
+                if record.traffic(r).get("measured_ceiling_GBps")]
     if measured:
         v = float(np.median(measured))
         out.append(("measured", v, f"measured ceiling {_gb(v)} GB/s (all_to_all_single busbw)"))
@@ -270,7 +246,7 @@ def plot(records: list[dict], path: str | None = None, metric: str = "busbw"):
     from matplotlib.figure import Figure
     if metric not in METRICS:
         raise ReportError(f"--metric must be one of {', '.join(METRICS)}")
-    recs = [r for r in latest(records) if timed(r) and r["phase"] in PHASES]
+    recs = [r for r in latest(records) if record.timed(r) and r["phase"] in PHASES]
     if not recs:
         raise ReportError("no PASS records with timing to plot")
     panels: dict = {}
@@ -307,7 +283,7 @@ def _panel(ax, key, recs: list[dict], metric: str) -> None:
     ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
     ax.set_xlabel("tokens per rank")
     ax.set_ylabel(f"{m} GB/s{note}")
-    gpu = next(((r.get("env") or {}).get("gpu") for r in recs if (r.get("env") or {}).get("gpu")), None)
+    gpu = next((record.gpu(r) for r in recs if record.gpu(r)), None)
     where = gpu or device
     ax.set_title(f"{phase}: {fam} [{where}]" + (" CPU: functional only" if device == "cpu" else ""), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
@@ -334,16 +310,16 @@ def parser() -> argparse.ArgumentParser:
 def _compare_inputs(args) -> tuple[list[dict], list[dict], str, str, bool]:
     a, b = args.compare
     if Path(a).is_file() and Path(b).is_file():
-        return load([a]), load([b]), a, b, False
+        return read_dispatch([a]), read_dispatch([b]), a, b, False
     if not args.files:
         raise ReportError(f"--compare {a} {b}: not two files, so give FILE... holding backends {a} and {b}")
-    recs = load(args.files)
-    names = {r["backend"]["name"] for r in recs}
+    recs = read_dispatch(args.files)
+    names = {record.name(r) for r in recs}
     for n in (a, b):
         if n not in names:
             raise ReportError(f"--compare: {n!r} is neither a file nor a backend in the records "
                               f"(backends: {', '.join(sorted(names))})")
-    return ([r for r in recs if r["backend"]["name"] == a], [r for r in recs if r["backend"]["name"] == b],
+    return ([r for r in recs if record.name(r) == a], [r for r in recs if record.name(r) == b],
             a, b, True)
 
 
@@ -357,7 +333,7 @@ def run(args) -> int:
         return 0
     if not args.files:
         raise ReportError("give one or more JSONL files")
-    recs = load(args.files)
+    recs = read_dispatch(args.files)
     if not recs:
         raise ReportError(f"no moebench records in {', '.join(args.files)}")
     if args.best_knobs:

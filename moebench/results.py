@@ -1,13 +1,11 @@
-"""Results: versioned JSONL records with provenance, and the table printed to the terminal.
+"""Results: provenance of a run, writing JSONL, and the table printed to the terminal.
 
-One record per (case, backend, phase). Units live in key names (_us, _GBps, _bytes).
+The records themselves (schema, fields, the reader) are in record.py.
 """
 from __future__ import annotations
 
 import datetime
 import functools
-import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -16,7 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCHEMA = "moebench.result/1"
+from . import record
+from .toolkit import dist_version
+
 ENV_ALLOWLIST = ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "NCCL_PROTO", "NCCL_ALGO", "NCCL_IB_HCA",
                  "NVSHMEM_DISABLE_NVLS", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "CUDA_HOME",
                  "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "USE_MNNVL", "TRITON_INTERPRET",
@@ -25,24 +25,6 @@ ENV_ALLOWLIST = ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "NCCL_PROTO", "NCCL
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def installed(module: str) -> bool:
-    """Whether `module` can be found, without importing it (a dotted name imports its parents)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def dist_version(*names: str) -> str | None:
-    """Version of the first installed distribution among `names` (spellings of one package); None if none."""
-    for n in names:
-        try:
-            return importlib.metadata.version(n)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def git_sha() -> str | None:
@@ -101,26 +83,14 @@ def repro_command(argv: list[str] | None, module: str) -> str:
     return " ".join([f"python -m {module}", *args])
 
 
-def write_jsonl(path: str | os.PathLike, records: list[dict], append: bool = True) -> None:
+def write_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
+    """Append records, one JSON object a line (every tool's --out appends)."""
     p = Path(path)
     if p.parent != Path(""):
         p.parent.mkdir(parents=True, exist_ok=True)
-    with p.open("a" if append else "w") as f:
+    with p.open("a") as f:
         for r in records:
             f.write(json.dumps(r, default=str) + "\n")
-
-
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    out = []
-    with Path(path).open() as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if line:
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
-    return out
 
 
 def _fmt(v, nd=1):
@@ -138,11 +108,11 @@ TABLE_COLUMNS = ("backend", "phase", "median us", "p90 us", "algbw GB/s", "busbw
 def table_rows(records: list[dict]) -> list[list[str]]:
     rows = []
     for r in records:
-        t, tr = r.get("timing") or {}, r.get("traffic") or {}
-        err = r["check"].get("error") or ""
+        t, tr = record.timing(r), record.traffic(r)
+        err = record.error(r)
         err = err if len(err) <= 90 else err[:87] + "..."      # the whole error is in the JSONL
-        check = r["check"]["status"] + (f" ({err})" if err else "")
-        rows.append([r["backend"]["name"], r["phase"], _fmt(t.get("median_us")), _fmt(t.get("p90_us")),
+        check = record.status(r) + (f" ({err})" if err else "")
+        rows.append([record.name(r), r["phase"], _fmt(t.get("median_us")), _fmt(t.get("p90_us")),
                      _fmt(tr.get("algbw_GBps")), _fmt(tr.get("busbw_GBps")), _fmt(tr.get("wirebw_GBps")),
                      _fmt(tr.get("frac_of_ceiling"), 3), check])
     return rows

@@ -2,40 +2,22 @@
 
 Each backend runs in its own launch of rank processes, so one that crashes or hangs is reported
 FAIL and the next backend still runs. Rank results come back to the parent, which applies the
-byte rule (traffic.py) and builds the JSONL records (results.py).
+byte rule (traffic.py) and builds the JSONL records (record.DispatchRecord).
 """
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from . import ceilings, reference, results, traffic
 from .backends import base
-from .launch import LaunchError, RankContext, run_ranks
+from .launch import LaunchError, RankContext, environment, run_ranks
+from .record import DispatchRecord
+from .spec import Options, RunSpec
 from .timing import Timer, kernel_profile
-from .workload import Workload, WorkloadError
-
-
-@dataclass
-class Options:
-    device: str = "cpu"              # cpu | cuda
-    iters: int = 20
-    warmup_ms: float = 200.0
-    flush_l2: bool = True
-    timeout_s: float = 600.0
-    knobs: dict = field(default_factory=dict)        # passed to every backend (num_sms, ops_impl, ...)
-    ceiling_gbps: float | None = None
-    measure_ceiling: bool = True
-    profile: bool = False                            # also record each phase's kernels (profiler)
-    ranks_per_gpu: int = 1                           # > 1: shared-GPU ranks, functional only
-
-    @property
-    def functional(self) -> bool:
-        """True when the times are not performance figures (CPU/gloo, or ranks sharing a GPU)."""
-        return self.device == "cpu" or self.ranks_per_gpu > 1
+from .workload import Workload, make_routing, rank_inputs
 
 
 def _result(status: str, error: str = "") -> dict:
@@ -82,7 +64,7 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
     out = _result("FAIL")
     dev = ctx.device
     b = None
-    x, idx, wt, q, s = reference.rank_inputs(w, ctx.rank, dev)
+    x, idx, wt, q, s = rank_inputs(w, ctx.rank, dev)
     payload = q if q is not None else x
 
     def prepare():
@@ -167,11 +149,16 @@ def run_backend(w: Workload, name: str, opts: Options, measure: bool) -> dict:
     return outs[0] if outs else {}
 
 
-def run_case(w: Workload, names: list[str], opts: Options, argv: list[str] | None, progress=print) -> list[dict]:
-    """Every backend on one workload; returns the JSONL records (rank 0's view)."""
-    t = traffic.traffic_of([reference.make_routing(w, r)[0] for r in range(w.ep)], w)
+def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print,
+             measure_ceiling: bool = True) -> list[dict]:
+    """Every backend of the spec on its workload; returns the JSONL records (rank 0's view).
+    argv: the command line to record (default: the spec's own, `spec.to_argv()`)."""
+    w, opts = spec.workload, spec.options()
+    opts.measure_ceiling = measure_ceiling
+    argv = spec.to_argv() if argv is None else argv
+    t = traffic.traffic_of([make_routing(w, r)[0] for r in range(w.ep)], w)
     recs, measured = [], None
-    for name in names:
+    for name in spec.backends:
         start = results.utc_now()
         ok, why = base.get(name).available()
         if not ok:
@@ -179,7 +166,8 @@ def run_case(w: Workload, names: list[str], opts: Options, argv: list[str] | Non
         else:
             progress(f"# running {name} on EP {w.ep} ...")
             measure = opts.measure_ceiling and not opts.functional and measured is None   # NCCL only
-            res = run_backend(w, name, opts, measure=measure)
+            with environment(opts.env):
+                res = run_backend(w, name, opts, measure=measure)
             measured = measured or res.get("a2a")
         if not res:
             continue
@@ -205,22 +193,14 @@ def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
             if measured:
                 rec_traffic["measured_ceiling_GBps"] = measured[1]
                 rec_traffic["frac_of_measured"] = rec_traffic["busbw_GBps"] / measured[1]
-        recs.append({
-            "schema": results.SCHEMA, "argv": argv, "repro": results.repro_command(argv, "moebench.dispatch"),
-            "workload": w.asdict(), "device": opts.device,
-            "backend": {"name": name, "version": res.get("version"), "knobs": res.get("knobs"),
-                        "dedup": cls.dedup},
-            "phase": phase, "timing": timing, "traffic": rec_traffic,
-            **({"kernels": res["kernels"][phase]} if phase in res.get("kernels", {}) else {}),
-            "check": {"status": res["status"], "error": res.get("error") or None,
-                      **({"crash": res["crash"]} if res.get("crash") else {})},
-            "functional": opts.functional,
-            "shared_gpu": ({"ranks_per_gpu": opts.ranks_per_gpu, "bypassed": res.get("bypassed") or [],
-                            "note": SHARED_NOTE} if opts.ranks_per_gpu > 1 else None),
-            "byte_rule": "moebench/1: pairs = (token, destination rank); algbw incl. local, busbw remote only",
-            "env": prov, "start_utc": start, "end_utc": results.utc_now(),
-        })
+        recs.append(DispatchRecord(
+            argv=argv, repro=results.repro_command(argv, "moebench.dispatch"), workload=w.asdict(),
+            device=opts.device, backend={"name": name, "version": res.get("version"), "knobs": res.get("knobs"),
+                                         "dedup": cls.dedup},
+            phase=phase, timing=timing, traffic=rec_traffic, kernels=res.get("kernels", {}).get(phase),
+            check={"status": res["status"], "error": res.get("error") or None,
+                   **({"crash": res["crash"]} if res.get("crash") else {})},
+            env=prov, start_utc=start, end_utc=results.utc_now(), functional=opts.functional,
+            shared_gpu=({"ranks_per_gpu": opts.ranks_per_gpu, "bypassed": res.get("bypassed") or [],
+                         "note": SHARED_NOTE} if opts.ranks_per_gpu > 1 else None)).asdict())
     return recs
-
-
-__all__ = ["Options", "run_case", "WorkloadError"]

@@ -16,7 +16,6 @@ setting per (backend, shape) (dispatch + combine median); `python -m moebench.me
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import os
@@ -26,8 +25,11 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import results
+from . import record, results
 from .knobs import best_knobs, format_best, knobs_of
+from .record import read_dispatch
+from .runner import run_case
+from .spec import RunSpec
 from .workload import Workload, WorkloadError
 
 SWEEP_DIR = Path(__file__).resolve().parent.parent / "bench" / "sweeps"
@@ -135,8 +137,7 @@ def knob_stages(axes: dict, best: dict) -> list[list[dict]]:
 
 def read_existing(path: str) -> list[dict]:
     """Records already in the JSONL (a line cut short by a kill is skipped with a note)."""
-    from .report import load
-    return load([path]) if Path(path).is_file() else []
+    return read_dispatch([path]) if Path(path).is_file() else []
 
 
 def _ensure_newline(path: str) -> None:
@@ -157,106 +158,69 @@ def label(s: Sweep, case: Case) -> str:
     return " ".join([s.name, f"T={w.num_tokens}", *extra, f"EP={w.ep}", case.backend, knobs]).strip()
 
 
-def case_argv(args, case: Case) -> list[str]:
-    """The single-case command line that reproduces this case (env knobs are in the record's tag)."""
-    w = case.w
-    argv = ["--num-tokens", w.num_tokens, "--hidden", w.hidden, "--num-experts", w.num_experts,
-            "--topk", w.topk, "--ep", w.ep, "--gpus-per-node", w.gpus_per_node, "--dtype", w.dtype,
-            "--routing", w.routing, "--seed", w.seed, "--backend", case.backend, "--device", args.device,
-            "--out", args.out]
-    for k, v in case.knobs:
-        if k == "num_sms":
-            argv += ["--num-sms", v]
-    if args.iters:
-        argv += ["--iters", args.iters]
-    if args.warmup_ms is not None:
-        argv += ["--warmup-ms", args.warmup_ms]
-    if getattr(args, "profile", False):
-        argv += ["--profile"]
-    return [str(a) for a in argv]
-
-
 # ---- running -----------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _env(env: dict):
-    """Environment variables for the rank processes of one case (spawned children inherit them)."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+def case_spec(base: RunSpec, case: Case) -> RunSpec:
+    """The run of one case: the sweep's base spec with the case's workload, backend and knobs."""
+    return base.replace(workload=case.w, backends=(case.backend,), explicit=True,
+                        knobs={**base.knobs, **dict(case.knobs)})
 
 
-def run_one(args, s: Sweep, case: Case) -> list[dict]:
-    """Run one case through the dispatch CLI's own option handling and the runner; tag the records."""
-    from .dispatch import build
-    from .runner import run_case
-    w, knobs = case.w, dict(case.knobs)
-    ns = argparse.Namespace(**{**vars(args), "num_tokens": w.num_tokens, "hidden": w.hidden,
-                               "num_experts": w.num_experts, "topk": w.topk, "ep": w.ep, "dtype": w.dtype,
-                               "routing": w.routing, "seed": w.seed, "gpus_per_node": w.gpus_per_node,
-                               "backend": case.backend, "num_sms": knobs.get("num_sms", args.num_sms)})
-    w2, names, opts, _ = build(ns)
-    opts.knobs.update({k: v for k, v in knobs.items() if not k.startswith("env:") and k != "num_sms"})
-    env = {k[4:]: str(v) for k, v in knobs.items() if k.startswith("env:")}
-    with _env(env):
-        recs = run_case(w2, names, opts, case_argv(args, case), progress=lambda m: None)
+def run_tagged(run: RunSpec, s: Sweep, case: Case) -> list[dict]:
+    """Check and run one case's spec; tag its records with the sweep and the case."""
+    recs = run_case(run.check(), progress=lambda m: None)
     for r in recs:
-        r["sweep"] = {"name": s.name, "case": case.key, "knobs": knobs}
+        r["sweep"] = {"name": s.name, "case": case.key, "knobs": dict(case.knobs)}
     return recs
 
 
 def _summary_line(r: dict) -> str:
-    t, tr = r.get("timing") or {}, r.get("traffic") or {}
+    t, tr = record.timing(r), record.traffic(r)
     med = f"{t['median_us']:10.1f} us" if t.get("median_us") is not None else "         - us"
     bw = f"busbw {tr['busbw_GBps']:8.3g} GB/s" if tr.get("busbw_GBps") is not None else ""
     err = f" ({r['check']['error']})" if r["check"].get("error") else ""
     return f"    {r['phase']:<9}{med}  {bw}  {r['check']['status']}{err}"
 
 
-class Runner:
+class SweepState:
     """Walks the cases of a sweep, skipping finished ones, appending records after every case."""
 
-    def __init__(self, args, s: Sweep, records: list[dict], total: int):
-        self.args, self.s, self.records, self.total = args, s, records, total
+    def __init__(self, base: RunSpec, s: Sweep, records: list[dict], total: int, max_cases: int | None = None,
+                 redo_failed: bool = False):
+        self.base, self.s, self.records, self.total = base, s, records, total
+        self.max_cases, self.redo_failed = max_cases, redo_failed
         self.n = self.ran = self.skipped = 0
         self.failed: set[str] = set()
-        self.done = done_keys(records, args.redo_failed)
+        self.done = done_keys(records, redo_failed)
         self.seconds = 0.0
 
     def stop(self) -> bool:
-        return self.args.max_cases is not None and self.ran >= self.args.max_cases
+        return self.max_cases is not None and self.ran >= self.max_cases
 
     def run(self, case: Case) -> None:
         self.n += 1
         head = f"[{self.n}/{self.total}] {label(self.s, case)}"
         if case.key in self.done:
             self.skipped += 1
-            print(f"{head}: already in {self.args.out}, skipped")
+            print(f"{head}: already in {self.base.out}, skipped")
             return
         eta = f" (~{self.seconds / self.ran * (self.total - self.n + 1) / 60:.1f} min left)" if self.ran else ""
         print(head + eta, flush=True)
         t0 = time.monotonic()
         try:
-            recs = run_one(self.args, self.s, case)
+            recs = run_tagged(case_spec(self.base, case), self.s, case)
         except WorkloadError as e:
             print(f"    skipped: {e}")
             return
         self.seconds += time.monotonic() - t0
-        _ensure_newline(self.args.out)
-        results.write_jsonl(self.args.out, recs)
+        _ensure_newline(self.base.out)
+        results.write_jsonl(self.base.out, recs)
         self.records += recs
-        self.done |= done_keys(recs, self.args.redo_failed)     # keys only grow: no rescan of all records
+        self.done |= done_keys(recs, self.redo_failed)     # keys only grow: no rescan of all records
         self.ran += 1
         for r in recs:
             print(_summary_line(r), flush=True)
-            if r["check"]["status"] == "FAIL":
+            if record.status(r) == "FAIL":
                 self.failed.add(label(self.s, case))
 
     def best(self, case: Case) -> dict:
@@ -272,7 +236,7 @@ def done_keys(records: list[dict], redo_failed: bool = False) -> set[str]:
     keep = ("PASS",) if redo_failed else ("PASS", "FAIL")
     keys = set()
     for r in records:
-        if (r.get("check") or {}).get("status") not in keep:
+        if record.status(r) not in keep:
             continue
         tag = r.get("sweep") or {}
         keys.add(tag.get("case") or case_key(r.get("workload", {}), (r.get("backend") or {}).get("name"),
@@ -285,7 +249,7 @@ def plan_total(s: Sweep, wls: list[Workload], names: list[str], knob_sweep: bool
     return len(wls) * sum(per)
 
 
-def walk(runner: Runner, s: Sweep, wls: list[Workload], names: list[str], knob_sweep: bool) -> None:
+def walk(runner: SweepState, s: Sweep, wls: list[Workload], names: list[str], knob_sweep: bool) -> None:
     for w in wls:
         for name in names:
             axes = s.knobs.get(name) if knob_sweep else None
@@ -302,53 +266,52 @@ def walk(runner: Runner, s: Sweep, wls: list[Workload], names: list[str], knob_s
                         return
 
 
-def _setup(args) -> tuple[Sweep, list[Workload], list[str], str, str]:
-    from .backends import base
-    from .dispatch import pick_device
+def _setup(args) -> tuple[Sweep, list[Workload], RunSpec]:
+    """The sweep, its workloads and the base spec of its cases (machine and options from the flags)."""
     if args.num_tokens is not None or args.hidden is not None:
         raise WorkloadError("--sweep takes --num-tokens and --hidden from the sweep file; drop them")
     s = load(args.sweep)
-    names = base.parse_backends(args.backend)
-    if args.knob_sweep:
-        names = [n for n in names if n in s.knobs]
-        if not names:
-            raise WorkloadError(f"sweep {s.name} has no [knobs.BACKEND] table for {args.backend}")
     wls = workloads(s, {"ep": args.ep, "seed": args.seed, "gpus_per_node": args.gpus_per_node,
                         "routing": args.routing, "dtype": args.dtype})
-    device, note = pick_device(args.device, args.ep)
-    return s, wls, names, device, note
+    base = RunSpec.from_args(args, workload=wls[0])
+    if args.knob_sweep:
+        names = tuple(n for n in base.backends if n in s.knobs)
+        if not names:
+            raise WorkloadError(f"sweep {s.name} has no [knobs.BACKEND] table for {args.backend}")
+        base = base.replace(backends=names)
+    return s, wls, base
 
 
-def main_sweep(args, argv: list[str] | None = None) -> int:
+def main_sweep(args) -> int:
     """`python -m moebench.dispatch --sweep NAME [--knob-sweep] [--max-cases N]`."""
-    args = argparse.Namespace(**vars(args))
     try:
-        s, wls, names, args.device, note = _setup(args)
+        s, wls, base = _setup(args)
     except WorkloadError as e:
         print(f"moebench.dispatch: error: {e}", file=sys.stderr)
         return 2
-    if note:
-        print(f"# NOTE: {note}")
-    if args.device == "cpu" and max(w.num_tokens * w.hidden for w in wls) > 1 << 22:
+    names, device, out = list(base.backends), base.device, base.out
+    if base.note:
+        print(f"# NOTE: {base.note}")
+    if device == "cpu" and max(w.num_tokens * w.hidden for w in wls) > 1 << 22:
         print("# NOTE: full-size shapes on CPU/gloo are slow; a tiny sweep file suits a functional check")
     total = plan_total(s, wls, names, args.knob_sweep)
     print(f"# sweep {s.name}: {s.description} | {len(wls)} workloads x {', '.join(names)}"
-          f"{' (knob sweep)' if args.knob_sweep else ''} = {total} cases, EP {args.ep}, device {args.device},"
-          f" results -> {args.out}")
-    runner = Runner(args, s, read_existing(args.out), total)
+          f"{' (knob sweep)' if args.knob_sweep else ''} = {total} cases, EP {args.ep}, device {device},"
+          f" results -> {out}")
+    runner = SweepState(base, s, read_existing(out), total, args.max_cases, args.redo_failed)
     try:
         walk(runner, s, wls, names, args.knob_sweep)
     except KeyboardInterrupt:
         print(f"# interrupted after {runner.ran} cases; rerun the same command to resume", file=sys.stderr)
         return 130
-    print(f"# sweep {s.name}: ran {runner.ran}, skipped {runner.skipped} already in {args.out}")
+    print(f"# sweep {s.name}: ran {runner.ran}, skipped {runner.skipped} already in {out}")
     if runner.stop() and runner.n < total:
         print(f"# stopped after {runner.ran} cases (--max-cases); rerun the same command to resume")
     if args.knob_sweep:
         wds = [w.asdict() for w in wls]
         best = [e for e in best_knobs(runner.records) if e["workload"] in wds and e["backend"] in names]
         print(format_best(best) if best else "# no knob setting passed with timing: nothing to pick")
-    if args.device == "cpu":
+    if device == "cpu":
         print("# CPU/gloo run: the times above are functional only, not performance figures")
     if runner.failed:
         print(f"# FAIL: {'; '.join(sorted(runner.failed))}", file=sys.stderr)

@@ -1,5 +1,6 @@
-"""Timing: warm-up by a time budget, a barrier before every timed call, optional L2 flush,
-CUDA events around the call, per-iteration max over ranks, then median / p10 / p90 / min.
+"""Timing: warm-up by a time budget, a barrier before every timed call (or, for local kernels,
+the calls queued back to back), optional L2 flush, CUDA events around the call, per-iteration max
+over ranks, then median / p10 / p90 / min. Also host time per call and Chrome traces.
 
 On CPU (gloo) the same loop runs with a host clock: the numbers say the code works, not how fast.
 """
@@ -86,10 +87,50 @@ class Timer:
             self._once(fn)
         return n + 2
 
-    def run(self, fn, iters: int, warmup_ms: float) -> Stats:
+    def queued(self, fn, iters: int) -> list[float]:
+        """Seconds per call with the calls queued back to back and one wait at the end (one process,
+        no barrier per call): each call's device time without the host's gaps between calls, as a
+        kernel benchmark wants it. The L2 flush still runs before every call. CPU: host clock per call."""
+        if not self.cuda:
+            return [self._once(fn) for _ in range(iters)]
+        self.barrier()
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+        for start, end in ev:
+            if self.flush_buf is not None:
+                self.flush_buf.amax()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize(self.device)
+        return [s.elapsed_time(e) * 1e-3 for s, e in ev]
+
+    def run(self, fn, iters: int, warmup_ms: float, queued: bool = False) -> Stats:
+        """Warm up, then time `iters` calls: one at a time behind a barrier (the default: what a rank
+        of a collective pays), or queued (`queued`: local kernels)."""
         self.warmup(fn, warmup_ms)
-        times = self.agree_max([self._once(fn) for _ in range(iters)])
-        return stats(times, "cuda-event" if self.cuda else "host-clock (CPU: functional only)")
+        times = self.queued(fn, iters) if queued else [self._once(fn) for _ in range(iters)]
+        return stats(self.agree_max(times), "cuda-event" if self.cuda else "host-clock (CPU: functional only)")
+
+
+def host_us(fn, cuda: bool, n: int = 10) -> float:
+    """Median host time of one call in microseconds, the device idle before each call (launches
+    plus any host wait inside fn)."""
+    out = []
+    for _ in range(n):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(out)
+
+
+def write_trace(timer: Timer, fn, path: str, n: int = 4) -> None:
+    """Chrome trace (host calls and GPU kernels) of n queued, timed calls of fn."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        timer.queued(fn, n)
+    prof.export_chrome_trace(path)
 
 
 def kernel_profile(fn, cuda: bool, n: int = 5, top: int = 8) -> list[dict]:

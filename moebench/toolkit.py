@@ -1,7 +1,10 @@
-"""Where the CUDA toolkit is: one lookup for everything that compiles (the ops JIT build, the
-p2p probe, HybridEP's kernel JIT and the checks that report on it)."""
+"""What is installed here: the CUDA toolkit (one nvcc lookup for everything that compiles: the ops
+JIT build, the p2p probe, HybridEP's kernel JIT and the checks that report on it) and Python
+packages (found or versioned without importing them)."""
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -20,4 +23,22 @@ def find_nvcc() -> str | None:
     for home in DEFAULT_HOMES:
         if (Path(home) / "bin" / "nvcc").exists():
             return str(Path(home) / "bin" / "nvcc")
+    return None
+
+
+def installed(module: str) -> bool:
+    """Whether `module` can be found, without importing it (a dotted name imports its parents)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def dist_version(*names: str) -> str | None:
+    """Version of the first installed distribution among `names` (spellings of one package); None if none."""
+    for n in names:
+        try:
+            return importlib.metadata.version(n)
+        except importlib.metadata.PackageNotFoundError:
+            continue
     return None

@@ -210,6 +210,14 @@ def load_trace(path: str, topk: int, num_experts: int) -> torch.Tensor:
     return t
 
 
+def rank_inputs(w: Workload, rank: int, device="cpu"):
+    """(x_TH bf16, topk_idx_TK, topk_w_TK, x_fp8, scales) for a rank; fp8 fields None for bf16."""
+    x = make_tokens(w, rank, device)
+    idx, wt = make_routing(w, rank, device)
+    q, s = fp8_quantize(x) if w.dtype == "fp8" else (None, None)
+    return x, idx, wt, q, s
+
+
 def fp8_quantize(x_TH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token, per-128-column blocks: scale = amax/448, returns (x_fp8 e4m3 [T,H], scales fp32 [T,H/128])."""
     T, H = x_TH.shape

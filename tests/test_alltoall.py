@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from moebench import reference
+from moebench import workload
 from moebench.backends import get
 from moebench.launch import run_ranks
 from moebench.runner import _check
@@ -17,7 +17,7 @@ def check_many(ctx, workloads):
     for w in workloads:
         b = get("alltoall")(knob_values={"ops_impl": "torch"})
         b.setup(ctx.group, w, ctx.device)
-        x, idx, wt, q, s = reference.rank_inputs(w, ctx.rank)
+        x, idx, wt, q, s = workload.rank_inputs(w, ctx.rank)
         err = _check(b, w, ctx.rank, q if q is not None else x, idx, wt, s, ctx.device)[0]
         if err:
             errors.append(f"{w}: {err}")

@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from moebench import reference
+from moebench import reference, workload
 from moebench.backends import Unavailable, get
 from moebench.backends.deepep import (DeepEPBackend, DeepEPLowLatencyBackend, group_by_local_expert,
                                       import_deep_ep, weighted_rows)
@@ -67,7 +67,7 @@ def test_grouping_and_weighting_match_the_oracle(dtype, routing):
     """One rank holding every expert: recv_idx = topk_idx, recv_w = topk_w. The grouped rows must be
     the oracle's dispatch and experts + weighted_rows must be the oracle's combine."""
     w = Workload(num_tokens=64, hidden=256, num_experts=8, topk=3, ep=1, dtype=dtype, routing=routing, seed=3)
-    x, idx, wt, q, s = reference.rank_inputs(w, 0)
+    x, idx, wt, q, s = workload.rank_inputs(w, 0)
     payload = q if q is not None else x
     g = group_by_local_expert(payload, idx, wt, w.local_experts, s, impl="torch")
     tpe = [int(c) for c in g.tokens_per_expert]
@@ -87,7 +87,7 @@ def test_grouping_and_weighting_match_the_oracle(dtype, routing):
 def test_grouping_two_rank_view():
     """Rank 1 of EP 2: DeepEP gives local ids (global - 4) and -1 for rank 0's experts."""
     w = Workload(num_tokens=32, hidden=128, num_experts=8, topk=3, ep=2, seed=1)
-    x, idx, wt, _, _ = reference.rank_inputs(w, 0)
+    x, idx, wt, _, _ = workload.rank_inputs(w, 0)
     local = torch.where(idx >= 4, idx - 4, -1)
     keep = (local >= 0).any(1)                         # tokens DeepEP would send to rank 1
     g = group_by_local_expert(x[keep], local[keep], wt[keep], 4, impl="torch")

@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from moebench import reference, toolkit
+from moebench import reference, toolkit, workload
 from moebench.backends import Unavailable, get
 from moebench.backends.deepep import group_by_local_expert, weighted_rows
 from moebench.backends.base import routing_map_and_probs
@@ -51,7 +51,7 @@ def test_ranks_per_domain(monkeypatch):
 
 def test_routing_map_matches_topk():
     w = Workload(num_tokens=50, hidden=128, num_experts=16, topk=4, ep=2, routing="uniform,masked:0.3", seed=2)
-    _, idx, wt, _, _ = reference.rank_inputs(w, 0)
+    _, idx, wt, _, _ = workload.rank_inputs(w, 0)
     assert (idx == -1).any()
     rmap, probs = routing_map_and_probs(idx, wt, 16)
     for t in range(50):
@@ -66,7 +66,7 @@ def test_routing_map_matches_topk():
 def test_plain_path_matches_the_oracle():
     """Rank 1 of a 2-rank domain receives every token with its local map; probs have 2 x L columns."""
     w = Workload(num_tokens=40, hidden=128, num_experts=8, topk=3, ep=2, gpus_per_node=2, seed=5)
-    x, idx, wt, _, _ = reference.rank_inputs(w, 0)
+    x, idx, wt, _, _ = workload.rank_inputs(w, 0)
     rmap, probs = routing_map_and_probs(idx, wt, 8)
     L, rank = 4, 1
     local_map = rmap[:, rank * L:(rank + 1) * L]
@@ -85,7 +85,7 @@ def test_plain_probs_layout_two_domains():
     """2 NVLink domains x 2 ranks, L=2 (E=8): HybridEP's plain dispatch hands rank 3 (node 1, local rank 1)
     probs [N, L x 2] = the source rows' columns of node 1 (experts 4..7); rank 3's experts are columns 2..3."""
     w = Workload(num_tokens=40, hidden=128, num_experts=8, topk=3, ep=4, gpus_per_node=2, seed=4)
-    _, idx, wt, _, _ = reference.rank_inputs(w, 0)
+    _, idx, wt, _, _ = workload.rank_inputs(w, 0)
     rmap, probs = routing_map_and_probs(idx, wt, 8)
     L, node, local_rank = 2, 1, 1
     first = (node * 2 + local_rank) * L
@@ -100,7 +100,7 @@ def test_plain_probs_layout_two_domains():
 def test_permute_mode_weights_rows():
     """combine_with_unpermute is unweighted: rows x probs first, then a plain sum must equal the oracle."""
     w = Workload(num_tokens=30, hidden=64, num_experts=4, topk=2, ep=1, seed=7)
-    x, idx, wt, _, _ = reference.rank_inputs(w, 0)
+    x, idx, wt, _, _ = workload.rank_inputs(w, 0)
     g = group_by_local_expert(x, idx, wt, 4, impl="torch")
     tpe = [int(c) for c in g.tokens_per_expert]
     y = reference.apply_experts(g.x_RH, tpe, 0, w)

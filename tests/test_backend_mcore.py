@@ -10,11 +10,12 @@ import json
 import pytest
 import torch
 
-from moebench import dispatch, reference
+from moebench import dispatch, reference, workload
 from moebench.backends import base
 from moebench.backends.mcore import McoreAlltoallBackend, McoreDeepEPBackend, McoreHybridEPBackend
 from moebench.launch import run_ranks
-from moebench.runner import Options, run_backend
+from moebench.runner import run_backend
+from moebench.spec import Options
 from moebench.workload import Workload, WorkloadError
 
 HAVE_MCORE = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
@@ -72,7 +73,7 @@ def _probs_matter(ctx, w):
     """Combine through Megatron's stages with and without the probs multiply; both oracle errors."""
     b = McoreAlltoallBackend(knob_values={"mcore_cpu_emulation": True})
     b.setup(ctx.group, w, ctx.device)
-    x, idx, wt, _, _ = reference.rank_inputs(w, ctx.rank)
+    x, idx, wt, _, _ = workload.rank_inputs(w, ctx.rank)
     d = b.dispatch(x, idx, wt)
     y = reference.apply_experts(d.x_RH, d.tokens_per_expert, ctx.rank, w)
     expected = reference.expected_combine(x, idx, wt, w)

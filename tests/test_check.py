@@ -46,7 +46,7 @@ def fake_checks(monkeypatch):
 
 def test_json_and_junit_round_trip(fake_checks, tmp_path):
     j, x = tmp_path / "r.json", tmp_path / "r.xml"
-    assert check.main(["--json", str(j), "--junit", str(x)]) == 1          # b.fail FAILs
+    assert check.main(["--out", str(j), "--junit", str(x)]) == 1          # b.fail FAILs
     doc = json.loads(j.read_text())
     assert doc["schema"] == "moebench.check/1" and doc["counts"] == {PASS: 1, FAIL: 1, WAIVED: 1}
     assert [(r["key"], r["status"]) for r in doc["results"]] == [("a.pass", PASS), ("a.waive", WAIVED), ("b.fail", FAIL)]
@@ -74,7 +74,7 @@ def _opts(**kw):
 
 def _run(key, **kw):
     ctx = Context(_opts(**kw))
-    return registry.run_one(registry.REGISTRY[key], ctx)
+    return registry.run_check(registry.REGISTRY[key], ctx)
 
 
 def test_waived_without_gpu_or_deep_ep():
@@ -188,10 +188,11 @@ def test_judges():
 
 
 def test_judge_megatron():
-    v = {"HAVE_DEEP_EP": False, "HAVE_HYBRIDEP": True, "deep_ep_error": "ImportError: no EventOverlap"}
-    p = ep.judge_megatron(v, deep_ep=True, hybrid=True)
-    assert len(p) == 1 and "EventOverlap" in p[0] and "silently" in p[0]
-    assert ep.judge_megatron(v, deep_ep=False, hybrid=False) == []
+    v = {"HAVE_DEEP_EP": False, "HAVE_HYBRIDEP": True, "deepep_error": "ImportError: no EventOverlap"}
+    p = ep.judge_megatron(v, {"deepep", "hybridep"})
+    assert len(p) == 1 and "EventOverlap" in p[0] and "silently" in p[0] and "deep_ep is installed" in p[0]
+    assert ep.judge_megatron(v, set()) == []
+    assert "HAVE_HYBRIDEP=None" in ep.judge_megatron({}, {"hybridep"})[0]
 
 
 def test_judge_p2p():
@@ -213,7 +214,7 @@ def test_whole_run_on_gpu(tmp_path):
     """GPU tier: env and gpu PASS; on one GPU every multi-GPU check is WAIVED with a reason."""
     import torch
     out = tmp_path / "check.json"
-    rc = check.main(["--json", str(out), "--junit", str(tmp_path / "check.xml")])
+    rc = check.main(["--out", str(out), "--junit", str(tmp_path / "check.xml")])
     res = {r["key"]: r for r in json.loads(out.read_text())["results"]}
     assert res["env"]["status"] == PASS and res["gpu"]["status"] == PASS
     if torch.cuda.device_count() == 1:

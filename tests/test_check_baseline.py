@@ -68,3 +68,10 @@ def test_cli_baseline_errors(tmp_path, capsys):
     _write_jsonl(empty, [rec("deepep", "dispatch", 300.0)])
     assert check.main(["-t", "baseline", "--baseline", str(empty)]) == 0     # nothing in common: WAIVED
     assert "WAIVED" in capsys.readouterr().out
+
+
+def test_json_is_the_old_name_of_out(tmp_path):
+    old, new = tmp_path / "old.jsonl", tmp_path / "new.json"
+    _write_jsonl(old, [rec("deepep", "dispatch", 300.0)])
+    assert check.main(["-t", "baseline", "--baseline", str(old), "--json", str(new)]) == 0
+    assert json.loads(new.read_text())["results"][0]["key"] == "baseline"

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from moebench import dispatch
-from moebench.results import read_jsonl
+from moebench import dispatch, record
+from moebench.record import read as read_records
 
 
 def test_ep4_cpu_run_writes_valid_jsonl(tmp_path):
@@ -17,7 +17,7 @@ def test_ep4_cpu_run_writes_valid_jsonl(tmp_path):
                        capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr
     assert "functional only" in p.stdout
-    recs = read_jsonl(out)
+    recs = read_records(out)
     assert [r["phase"] for r in recs] == ["dispatch", "combine"]
     for r in recs:
         assert r["check"]["status"] == "PASS"
@@ -26,6 +26,8 @@ def test_ep4_cpu_run_writes_valid_jsonl(tmp_path):
         assert r["traffic"]["algbw_GBps"] > 0 and r["traffic"]["busbw_GBps"] > 0
         assert r["workload"]["ep"] == 4 and r["env"]["torch"]
         assert r["repro"].startswith("python -m moebench.dispatch --ep 4")
+        assert r["schema"] == record.SCHEMA and r["functional"] is True and r["shared_gpu"] is None
+        assert record.is_functional(r) and "sweep" not in r
         json.dumps(r)
 
 
@@ -35,7 +37,7 @@ def test_profile_records_each_phase_pieces(tmp_path):
                         "--hidden", "64", "--num-experts", "8", "--topk", "2", "--iters", "2",
                         "--profile", "--out", str(out)])
     assert rc == 0
-    recs = read_jsonl(out)
+    recs = read_records(out)
     assert [r["phase"] for r in recs] == ["dispatch", "combine"]
     for r in recs:
         names = [k["kernel"] for k in r["kernels"]]
@@ -51,7 +53,7 @@ def test_joins_torchrun_and_only_rank0_reports(tmp_path):
                         "--iters", "2", "--out", str(out)], capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.count("records appended") == 1
-    assert [r["check"]["status"] for r in read_jsonl(out)] == ["PASS", "PASS"]
+    assert [r["check"]["status"] for r in read_records(out)] == ["PASS", "PASS"]
 
 
 def test_waived_backend_is_reported_not_fatal(tmp_path, capsys):
@@ -59,7 +61,7 @@ def test_waived_backend_is_reported_not_fatal(tmp_path, capsys):
     rc = dispatch.main(["--ep", "2", "--device", "cpu", "--backend", "deepep", "--num-tokens", "8",
                         "--hidden", "256", "--num-experts", "8", "--topk", "2", "--out", str(out)])
     assert rc == 0
-    recs = read_jsonl(out)
+    recs = read_records(out)
     assert {r["check"]["status"] for r in recs} == {"WAIVED"}
     assert "deep_ep" in recs[0]["check"]["error"]
 

@@ -3,14 +3,14 @@ import pytest
 import torch
 
 from moebench import dispatch
-from moebench.results import read_jsonl
+from moebench.record import read as read_records
 
 
 def run(tmp_path, *argv):
     out = tmp_path / "r.jsonl"
     rc = dispatch.main(["--device", "cuda", "--backend", "alltoall", "--iters", "5", "--warmup-ms", "20",
                         "--out", str(out), *argv])
-    return rc, read_jsonl(out)
+    return rc, read_records(out)
 
 
 @pytest.mark.gpu

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from moebench import flags as F
-from moebench import megatron, results
+from moebench import megatron, record, results
 
 W = {"num_tokens": 4096, "hidden": 7168, "num_experts": 256, "topk": 8, "ep": 8, "dtype": "bf16",
      "routing": "uniform", "seed": 0, "gpus_per_node": 8}
@@ -13,7 +13,7 @@ W = {"num_tokens": 4096, "hidden": 7168, "num_experts": 256, "topk": 8, "ep": 8,
 def rec(name, phase, median, p10=None, p90=None, status="PASS", knobs=None, workload=None, error=None, env=None):
     timing = None if status != "PASS" else {"median_us": median, "p10_us": p10 if p10 is not None else median - 1,
                                             "p90_us": p90 if p90 is not None else median + 1}
-    return {"schema": results.SCHEMA, "workload": workload or W, "device": "cuda", "phase": phase,
+    return {"schema": record.SCHEMA, "workload": workload or W, "device": "cuda", "phase": phase,
             "backend": {"name": name, "knobs": knobs or {}}, "timing": timing,
             "check": {"status": status, "error": error}, "env": {"env": env or {}}}
 

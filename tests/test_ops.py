@@ -136,7 +136,7 @@ def _triton_case(T, H, K, E, pad, fp8, idt):
 @pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: "x".join(map(str, c[:5])))
 def test_triton_matches_reference(case, tma, monkeypatch):
     from moebench.ops import triton_impl
-    monkeypatch.setattr(triton_impl, "COPY_TMA", tma)
+    monkeypatch.setattr(triton_impl, "DEFAULT_KNOBS", triton_impl.DEFAULT_KNOBS._replace(copy_tma=tma))
     ops._status.clear()
     _triton_case(*case)
 
@@ -178,7 +178,6 @@ def test_triton_tma_matches_reference(case, monkeypatch):
     bitwise, with masked slots, a fully masked token, and the plain copy kernel as a cross-check."""
     T, H, K, E, pad, fp8, bh = case
     ti, spies = _spy_copies(monkeypatch)
-    monkeypatch.setattr(ti, "COPY_BH", bh)
     ops._status.clear()
     x = payload(T, H)
     scales = None
@@ -189,10 +188,10 @@ def test_triton_tma_matches_reference(case, monkeypatch):
     idx[T // 2] = -1                                             # a token with no destination
     want = ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl="torch")
     for tma in (1, 0):
-        monkeypatch.setattr(ti, "COPY_TMA", tma)
-        got = ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl="triton")
+        impl = f"triton@{bh}:4:1024:4:{tma}"
+        got = ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl=impl)
         assert_same_permute(got, want)
-        got_n = ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl="triton",
+        got_n = ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl=impl,
                             num_out_rows=want.x_RH.shape[0])
         assert_same_permute(got_n, want)
     assert spies["_permute_copy_tma"].launches == 2 and spies["_permute_copy"].launches == 2
@@ -215,7 +214,7 @@ def test_triton_tma_writes_only_its_rows(H):
     row_map = torch.empty((T, K), dtype=torch.int32)
     xw, ow = ti._words(x), ti._words(out)
     W = xw.shape[1]
-    desc, NC, BW, NB, BB = ti._tma_desc(ow, r_max, W)
+    desc, NC, BW, NB, BB = ti._tma_desc(ow, r_max, W, 1024)
     ti._permute_copy_tma[(T,)](xw, xw, desc, ow, idx, lrank, base, estart, row_map, W, 0, E, SB,
                                NC, BW, K=K, KP=4, NB=NB, BB=BB, HAS_S=False, BS=16)
     want = ops.permute(x, idx, E, pad_multiple=pad, impl="torch")
@@ -233,16 +232,16 @@ def test_triton_tma_writes_only_its_rows(H):
 
 @pytest.mark.skipif(not INTERPRET, reason="runs in the subprocess of test_triton_interpreter")
 def test_triton_tma_fallback_selection(monkeypatch):
-    """Rows that are not a multiple of 16 bytes, and COPY_TMA 0, take the plain copy kernel."""
+    """Rows that are not a multiple of 16 bytes, and copy_tma 0, take the plain copy kernel."""
     ti, spies = _spy_copies(monkeypatch)
     ops._status.clear()
     idx = make_routing(6, 2, 3, seed=1)
     for H, tma, used in ((20, 1, "_permute_copy"), (6, 1, "_permute_copy"), (256, 0, "_permute_copy"),
                          (256, 1, "_permute_copy_tma")):
-        monkeypatch.setattr(ti, "COPY_TMA", tma)
         before = spies[used].launches
         x = payload(6, H).float().to(torch.float8_e4m3fn) if H == 20 else payload(6, H)
-        assert_same_permute(ops.permute(x, idx, 3, impl="triton"), ops.permute(x, idx, 3, impl="torch"))
+        got = ops.permute(x, idx, 3, impl=f"triton@1024:4:1024:4:{tma}")
+        assert_same_permute(got, ops.permute(x, idx, 3, impl="torch"))
         assert spies[used].launches == before + 1, (H, tma)
 
 
@@ -252,16 +251,15 @@ def test_tma_desc_choice(monkeypatch):
     from moebench.ops import triton_impl as ti
     if not INTERPRET:
         assert not ti._tma_device(torch.device("cpu"))
-    assert ti._tma_desc(torch.zeros(4, 6, dtype=torch.int32), 4, 6) is None     # 24-byte rows
-    assert ti._tma_desc(torch.zeros(4, 8, dtype=torch.int16), 4, 8) is None     # not int32 words
+    assert ti._tma_desc(torch.zeros(4, 6, dtype=torch.int32), 4, 6, 1024) is None     # 24-byte rows
+    assert ti._tma_desc(torch.zeros(4, 8, dtype=torch.int16), 4, 8, 1024) is None     # not int32 words
     ow = torch.zeros(5, 3584, dtype=torch.int32)                               # H 7168 bf16
     for bh, nb in ((1024, 4), (128, 1), (1536, 4), (4096, 16), (8192, 16)):
-        monkeypatch.setattr(ti, "COPY_BH", bh)
-        desc, NC, BW, NB, BB = ti._tma_desc(ow, 5, 3584)
+        desc, NC, BW, NB, BB = ti._tma_desc(ow, 5, 3584, bh)
         assert (NC, BW, NB, BB) == (14, 256, nb, 256), bh
         assert list(desc.shape) == [5, 14, 256] and list(desc.strides) == [3584, 256, 1]
         assert list(desc.block_shape) == [1, nb, 256]
-    desc, NC, BW, NB, BB = ti._tma_desc(torch.zeros(5, 500, dtype=torch.int32), 5, 500)
+    desc, NC, BW, NB, BB = ti._tma_desc(torch.zeros(5, 500, dtype=torch.int32), 5, 500, 1024)
     assert (NC, BW, NB, BB) == (1, 500, 1, 256) and list(desc.strides) == [500, 500, 1]
 
 
@@ -356,3 +354,19 @@ def test_hypothesis_triton(params):
     x = payload(T, H, seed=seed)
     assert_same_permute(ops.permute(x, idx, E, pad_multiple=pad, impl="triton"),
                         ops.permute(x, idx, E, pad_multiple=pad, impl="torch"))
+
+
+def test_variants_are_part_of_the_impl_string():
+    """cuda@V / triton@... pick kernel variants per call; no module state changes."""
+    x, idx = payload(6, 16), make_routing(6, 2, 4, seed=3)
+    with pytest.raises(ValueError, match="has no variants"):
+        ops.permute(x, idx, 4, impl="torch@1")
+    with pytest.raises(ValueError, match="has no variants"):
+        ops.sort_chunks_by_idxs(x, [3, 3], [1, 0], impl="triton@1024")
+    pytest.importorskip("triton")
+    from moebench.ops import triton_impl as ti
+    assert ti.knobs("") is ti.DEFAULT_KNOBS
+    assert ti.knobs("2048:8") == ti.DEFAULT_KNOBS._replace(copy_bh=2048, copy_warps=8)
+    assert ti.knobs("1:2:3:4:1") == ti.Knobs(1, 2, 3, 4, 1)
+    with pytest.raises(ValueError, match="at most 5"):
+        ti.knobs("1:2:3:4:5:6")

@@ -80,26 +80,23 @@ def test_fp8_scales_padding(impl, pad):
 
 
 # csrc variant bits: 0 bulk (TMA) copy with L2 evict-first hints; 1 without the hints; 32/96 two/four buffers; 128 4 KB
-# chunks (a 14 KB row in four pieces); 16 the per-warp register copy. Triton: COPY_TMA 1.
-COPY_KNOBS = [("cuda", "VARIANT_PERMUTE", v) for v in (0, 1, 32, 96, 128, 16, 16 + 2 + 8)] + [
-    ("triton", "COPY_TMA", 1), ("triton", "COPY_TMA", 0)]
+# chunks (a 14 KB row in four pieces); 16 the per-warp register copy. Triton: copy_tma 1 and 0.
+COPY_VARIANTS = [f"cuda@{v}" for v in (0, 1, 32, 96, 128, 16, 16 + 2 + 8)] + [
+    "triton@1024:4:1024:4:1", "triton@1024:4:1024:4:0"]
 
 
-@pytest.mark.parametrize("knob", COPY_KNOBS, ids=lambda k: f"{k[0]}-{k[2]}")
+@pytest.mark.parametrize("variant", COPY_VARIANTS)
 @pytest.mark.parametrize("shape", [(4096, 7168, 8, 256), (77, 1000, 6, 10), (5, 64, 2, 4096),
                                    (3000, 2048, 1, 7)], ids=lambda s: "x".join(map(str, s)))
-def test_copy_variants(knob, shape, monkeypatch):
-    impl, attr, value = knob
-    if impl not in _impls():
-        pytest.skip(f"{impl} unavailable")
-    from moebench.ops import cuda_impl, triton_impl
-    monkeypatch.setattr(cuda_impl if impl == "cuda" else triton_impl, attr, value)
+def test_copy_variants(variant, shape):
+    if variant.split("@")[0] not in _impls():
+        pytest.skip(f"{variant} unavailable")
     T, H, K, E = shape
     x = torch.randn(T, H, device="cuda").bfloat16()
-    idx = routing(T, K, E, mask_frac=0.1, seed=value)
-    check_permute(ops.permute(x, idx, E, impl=impl), ops.permute(x, idx, E, impl="torch"))
+    idx = routing(T, K, E, mask_frac=0.1, seed=len(variant))
+    check_permute(ops.permute(x, idx, E, impl=variant), ops.permute(x, idx, E, impl="torch"))
     x8, s = x.to(torch.float8_e4m3fn), torch.rand(T, 3, device="cuda")
-    check_permute(ops.permute(x8, idx, E, scales_TS=s, pad_multiple=16, impl=impl),
+    check_permute(ops.permute(x8, idx, E, scales_TS=s, pad_multiple=16, impl=variant),
                   ops.permute(x8, idx, E, scales_TS=s, pad_multiple=16, impl="torch"))
 
 

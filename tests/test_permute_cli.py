@@ -10,11 +10,12 @@ from moebench import permute
 
 def test_cpu_run_writes_records(tmp_path, capsys):
     out = tmp_path / "p.jsonl"
-    rc = permute.main(["--impl", "torch,megatron", "--shapes", "32x64x2x4", "--iters", "2",
+    rc = permute.main(["--ops-impl", "torch,megatron", "--shapes", "32x64x2x4", "--iters", "2",
                        "--out", str(out)])
     assert rc == 0
     assert "CPU times are not performance figures" in capsys.readouterr().out
     recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["schema"] for r in recs} == {"moebench.permute/1"} and all(r["functional"] for r in recs)
     torch_ops = {r["op"] for r in recs if r["impl"] == "torch"}
     assert torch_ops == {"permute", "permute_wait", "unpermute"}
     assert all(r["check"]["status"] == "PASS" for r in recs if r["impl"] == "torch")
@@ -27,9 +28,17 @@ def test_cpu_run_writes_records(tmp_path, capsys):
                                              and r["op"] == "permute_wait")
 
 
-@pytest.mark.parametrize("argv", [["--shapes", "4x8x5x4"], ["--shapes", "4x8"], ["--impl", "nope"],
+@pytest.mark.parametrize("argv", [["--shapes", "4x8x5x4"], ["--shapes", "4x8"], ["--ops-impl", "nope"], ["--impl", "nope"],
                                   ["--ops", "gather"], ["--iters", "0"]])
 def test_bad_input_exits_2(argv, capsys):
     assert permute.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("moebench.permute: ")
+
+
+def test_out_appends_and_old_flag_names_still_work(tmp_path):
+    out = tmp_path / "p.jsonl"
+    argv = ["--shapes", "16x32x2x4", "--iters", "1", "--ops", "permute", "--out", str(out)]
+    assert permute.main(["--ops-impl", "torch", "--no-flush-l2", *argv]) == 0
+    assert permute.main(["--impl", "torch", "--no-flush", *argv]) == 0          # hidden aliases
+    assert [json.loads(line)["impl"] for line in out.read_text().splitlines()] == ["torch", "torch"]

@@ -1,7 +1,7 @@
 """Oracle identities, and that the checks catch what they exist to catch."""
 import torch
 
-from moebench import reference
+from moebench import reference, workload
 from moebench.workload import Workload, make_routing
 
 
@@ -19,8 +19,8 @@ def test_every_valid_slot_lands_once():
 def test_expected_rows_are_the_routed_tokens_in_megatron_order():
     w = wl()
     rows, _ = reference.expected_dispatch(w, 1)
-    x0, idx0, *_ = reference.rank_inputs(w, 0)
-    x1, idx1, *_ = reference.rank_inputs(w, 1)
+    x0, idx0, *_ = workload.rank_inputs(w, 0)
+    x1, idx1, *_ = workload.rank_inputs(w, 1)
     e = 1 * w.local_experts + 0          # rank 1's first expert
     want = torch.cat([x0[(idx0 == e).any(1)], x1[(idx1 == e).any(1)]])
     assert torch.equal(rows[0][: want.shape[0]], want)
@@ -28,7 +28,7 @@ def test_expected_rows_are_the_routed_tokens_in_megatron_order():
 
 def test_combine_oracle_is_x_times_weighted_expert_factor():
     w = wl()
-    x, idx, wt, _, _ = reference.rank_inputs(w, 0)
+    x, idx, wt, _, _ = workload.rank_inputs(w, 0)
     out = reference.expected_combine(x, idx, wt, w)
     factor = (wt * (idx + 1)).sum(1)
     torch.testing.assert_close(out.float(), x.float() * factor[:, None], rtol=2e-2, atol=2e-2)
@@ -65,7 +65,7 @@ def test_check_dispatch_compares_fp8_scales():
 
 def test_check_combine_catches_a_lost_slot_and_a_wrong_weight():
     w = wl()
-    x, idx, wt, _, _ = reference.rank_inputs(w, 0)
+    x, idx, wt, _, _ = workload.rank_inputs(w, 0)
     good = reference.expected_combine(x, idx, wt, w)
     assert reference.check_combine(good, good) == ""
     lost = idx.clone()

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from .. import ops
-from ..results import dist_version
+from ..toolkit import dist_version
 from ..workload import WorkloadError
 from .base import Backend, Dispatched, Unavailable, probs_by_row
 

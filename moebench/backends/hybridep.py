@@ -24,8 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .. import reference
-from ..workload import WorkloadError
+from ..workload import WorkloadError, rank_inputs
 from .base import Backend, Dispatched, Unavailable
 from ..toolkit import find_nvcc
 from .deepep import Grouped, build_version, find, group_by_local_expert, import_deep_ep, weighted_rows
@@ -137,7 +136,7 @@ class HybridEPBackend(Backend):
         self.impl = self.knob_values.get("ops_impl", "auto")     # "auto": the fastest per op
         self.buffer = HybridEPBuffer(group=group, hidden_dim=w.hidden, max_num_of_tokens_per_rank=w.num_tokens,
                                      num_local_experts=w.local_experts, use_fp8=w.dtype == "fp8", **self._sm_kwargs())
-        x, idx, wt, q, s = reference.rank_inputs(w, self.rank, device)
+        x, idx, wt, q, s = rank_inputs(w, self.rank, device)
         d = self.dispatch(q if q is not None else x, idx, wt, s)          # JIT-compiles this config
         self.combine(d.x_RH.new_zeros(d.x_RH.shape, dtype=torch.bfloat16), d.handle)
         torch.cuda.synchronize(device)
@@ -151,7 +150,7 @@ class HybridEPBackend(Backend):
 
     @staticmethod
     def _build_kind() -> str | None:
-        from ..checks import buildkind
+        from .. import buildkind
         so = buildkind.extension_path("hybrid_ep_cpp")
         try:
             return buildkind.hybridep_build_kind(so).kind if so else None

@@ -44,7 +44,8 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
-from ..results import dist_version, installed
+from ..megatron_map import BACKENDS, FLEX
+from ..toolkit import dist_version, installed
 from ..workload import WorkloadError
 from .base import Backend, Dispatched, Unavailable
 
@@ -131,7 +132,7 @@ def mcore_version() -> str:
 def num_sms_config(config_cls, backend: str, num_sms: int | None) -> dict:
     """TransformerConfig kwargs for an SM count: moe_flex_dispatcher_num_sms on megatron-core >= 0.19,
     moe_deepep_num_sms / moe_hybridep_num_sms before."""
-    if num_sms is None or backend not in ("deepep", "hybridep"):
+    if num_sms is None or backend not in FLEX:
         return {}
     names = {f.name for f in dataclasses.fields(config_cls)}
     if "moe_flex_dispatcher_num_sms" in names:
@@ -142,12 +143,9 @@ def num_sms_config(config_cls, backend: str, num_sms: int | None) -> dict:
 def check_flex_importable(backend: str) -> None:
     """Unavailable unless Megatron's fused_a2a could import the DeepEP/HybridEP buffer it needs."""
     from megatron.core.transformer.moe import fused_a2a
-    if backend == "deepep" and not getattr(fused_a2a, "HAVE_DEEP_EP", False):
-        raise Unavailable("megatron-core could not import deep_ep.Buffer/EventOverlap (HAVE_DEEP_EP is False): "
-                          "install DeepEP v1.2.1 or its hybrid-ep branch (DeepEP v2 moved EventOverlap)")
-    if backend == "hybridep" and not getattr(fused_a2a, "HAVE_HYBRIDEP", False):
-        raise Unavailable("megatron-core could not import deep_ep.HybridEPBuffer (HAVE_HYBRIDEP is False): "
-                          "install DeepEP's hybrid-ep branch")
+    b = BACKENDS[backend]
+    if b.have_flag and not getattr(fused_a2a, b.have_flag, False):
+        raise Unavailable(b.missing_hint)
 
 
 # ---------------------------------------------------------------- the backends

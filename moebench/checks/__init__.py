@@ -2,8 +2,8 @@
 
 Modules: registry (keys, selection, the runner), child (crash-contained child processes),
 system (env, gpu, nvlink, nic), comm (p2p, nccl, nvshmem), ep (deepep.*, hybridep.*, megatron),
-buildkind (HybridEP build kind from the installed files), baseline (regression gate), report
-(JSON / JUnit). Importing this package registers every check; baseline runs last.
+baseline (regression gate),
+output (JSON / JUnit). Importing this package registers every check; baseline runs last.
 """
 from . import system, comm, ep, baseline  # noqa: F401,I001 - registration order is run order
 from .registry import FAIL, PASS, REGISTRY, WAIVED, Context, Result, SelectionError, run, select

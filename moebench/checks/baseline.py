@@ -8,7 +8,7 @@ Row identity (one for every source of bandwidth figures):
   GBps = traffic.algbw_GBps (busbw_GBps when algbw is absent). Records without timing are skipped.
 - the checks' own rows (p2p, nccl, round trips) are written in that form already, e.g.
   {"workload": "p2p 268435456 B", "backend": "sm-copy", "phase": "0->1", "GBps": 389.2}.
-A baseline FILE may be a dispatch JSONL, a JSONL of such rows, or a `moebench.check --json` report.
+A baseline FILE may be a dispatch JSONL, a JSONL of such rows, or a `moebench.check --out` report.
 A row whose figure fell by more than the threshold (default 10%) FAILs the gate, naming the row and
 both figures; rows present on one side only are listed, not failed.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..results import read_jsonl
+from .. import record
 from .registry import Context, failed, passed, register, waived
 
 DEFAULT_THRESHOLD_PCT = 10.0
@@ -32,9 +32,9 @@ def rows_from_records(records: list[dict]) -> list[dict]:
     """Bandwidth rows from moebench.dispatch records (timed, checked ones only)."""
     rows = []
     for r in records:
-        t = r.get("traffic") or {}
+        t = record.traffic(r)
         gbps = t.get("algbw_GBps") if t.get("algbw_GBps") is not None else t.get("busbw_GBps")
-        if not r.get("timing") or gbps is None or (r.get("check") or {}).get("status") != "PASS":
+        if not r.get("timing") or gbps is None or record.status(r) != "PASS":
             continue
         b = r["backend"]
         mode = (b.get("knobs") or {}).get("mode")
@@ -48,7 +48,7 @@ def row_key(row: dict) -> str:
 
 
 def _rows_of(obj) -> list[dict]:
-    if isinstance(obj, dict) and "results" in obj:             # a moebench.check --json report
+    if isinstance(obj, dict) and "results" in obj:             # a moebench.check --out report
         return [r for res in obj["results"] for r in (res.get("details") or {}).get("rows", [])]
     if isinstance(obj, dict) and "traffic" in obj and "workload" in obj:   # a dispatch record
         return rows_from_records([obj])
@@ -63,7 +63,10 @@ def read_rows(path: str | Path) -> list[dict]:
         return _rows_of(json.loads(Path(path).read_text()))
     except json.JSONDecodeError:
         pass
-    return [row for obj in read_jsonl(path) for row in _rows_of(obj)]
+    objs = record.read(path)     # a garbled line is skipped with a note; a file of nothing else is bad input
+    if not objs and Path(path).stat().st_size:
+        raise ValueError(f"{path}: no JSON records in it")
+    return [row for obj in objs for row in _rows_of(obj)]
 
 
 def compare(baseline: list[dict], current: list[dict], threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> dict:

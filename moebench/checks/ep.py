@@ -14,16 +14,18 @@ import os
 from pathlib import Path
 
 from ..backends.deepep import HINT as DEEPEP_HINT
-from ..results import installed
-from . import buildkind, child, imports
+from .. import buildkind
+from ..megatron_map import BACKENDS
+from ..toolkit import find_nvcc, installed
+from . import child, imports
 from .baseline import rows_from_records
-from ..toolkit import find_nvcc
 from .comm import gpu_count
 from .registry import FAIL, WAIVED, Context, failed, passed, register, waived
 from .system import nvlink_domain
 
 DEEPEP_RANKS = (2, 4, 8)
-DOMAIN_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
+DOMAIN_ENV = BACKENDS["hybridep"].domain_env
+FLEX_CHECKED = [b for b in BACKENDS.values() if b.have_flag]   # flex backends whose import fused_a2a reports
 
 
 def _probe(ctx: Context):
@@ -76,21 +78,25 @@ def roundtrip_plan(n_gpus: int, sizes=None) -> tuple[str, int, int]:
     return "cpu", 2, 1
 
 
-def roundtrip_child(backend: str, device: str, ep: int, ranks_per_gpu: int, num_tokens: int, hidden: int,
-                    num_experts: int, topk: int, iters: int, knobs: dict, timeout_s: float) -> list[dict]:
-    """Child side: the dispatch + combine check against the oracle, then a short timing, via run_case."""
-    from ..runner import Options, run_case
+def roundtrip_child(argv: list[str]) -> list[dict]:
+    """Child side: the dispatch + combine check against the oracle, then a short timing, via run_case
+    (argv: a RunSpec's to_argv(), so the records' repro command is that exact run)."""
+    from ..runner import run_case
+    from ..spec import RunSpec
+    run = RunSpec.from_argv(argv).check()
+    return run_case(run, progress=lambda *_: None, measure_ceiling=False)
+
+
+def roundtrip_spec(backend: str, device: str, ep: int, ranks_per_gpu: int, num_tokens: int, o, knobs: dict):
+    """The run one round trip makes (roundtrip_plan's device, EP and ranks per GPU), short timing,
+    the check's shape."""
+    from ..spec import RunSpec
     from ..workload import Workload
-    w = Workload(num_tokens=num_tokens, hidden=hidden, num_experts=num_experts, topk=topk, ep=ep,
+    w = Workload(num_tokens=num_tokens, hidden=o.hidden, num_experts=o.num_experts, topk=o.topk, ep=ep,
                  gpus_per_node=ep)
-    argv = ["--backend", backend, "--ep", str(ep), "--device", device, "--num-tokens", str(num_tokens),
-            "--hidden", str(hidden), "--num-experts", str(num_experts), "--topk", str(topk),
-            "--gpus-per-node", str(ep), "--iters", str(iters)]
-    if ranks_per_gpu > 1:
-        argv += ["--ranks-per-gpu", str(ranks_per_gpu)]
-    opts = Options(device=device, iters=iters, warmup_ms=100.0, timeout_s=timeout_s, knobs=dict(knobs),
-                   measure_ceiling=False, ranks_per_gpu=ranks_per_gpu)
-    return run_case(w, [backend], opts, argv, progress=lambda *_: None)
+    return RunSpec(workload=w, backends=(backend,), explicit=True, device=device, iters=o.iters, warmup_ms=100.0,
+                   timeout_s=o.timeout, knobs={"ops_impl": "auto", **knobs}, out=os.devnull,
+                   ranks_per_gpu=ranks_per_gpu)
 
 
 def roundtrip(ctx: Context, backend: str, variants: list[dict], num_tokens: int | None = None, sizes=None):
@@ -102,10 +108,8 @@ def roundtrip(ctx: Context, backend: str, variants: list[dict], num_tokens: int 
         " on CPU (no GPU visible)" if device == "cpu" else "")
     recs = []
     for knobs in variants:
-        kw = {"backend": backend, "device": device, "ep": ep, "ranks_per_gpu": rpg,
-              "num_tokens": num_tokens or o.num_tokens, "hidden": o.hidden, "num_experts": o.num_experts,
-              "topk": o.topk, "iters": o.iters, "knobs": knobs, "timeout_s": o.timeout}
-        r = child.run_function("moebench.checks.ep:roundtrip_child", kw, o.timeout + 60,
+        run = roundtrip_spec(backend, device, ep, rpg, num_tokens or o.num_tokens, o, knobs)
+        r = child.run_function("moebench.checks.ep:roundtrip_child", {"argv": run.to_argv()}, o.timeout + 60,
                                env={"PYTHONFAULTHANDLER": "1"})
         label = f"{backend} {knobs or ''} {where}".replace("  ", " ")
         if not r.ok:
@@ -251,15 +255,12 @@ def check_hybridep_roundtrip(ctx: Context):
     return roundtrip(ctx, "hybridep", [{"mode": "permute"}, {"mode": "plain"}])
 
 
-def judge_megatron(v: dict, deep_ep: bool, hybrid: bool) -> list[str]:
-    problems = []
-    if deep_ep and not v.get("HAVE_DEEP_EP"):
-        problems.append(f"deep_ep is installed but Megatron's fused_a2a has HAVE_DEEP_EP={v.get('HAVE_DEEP_EP')} "
-                        f"({v.get('deep_ep_error', 'import succeeded here')}): flex/deepep would fall back silently")
-    if hybrid and not v.get("HAVE_HYBRIDEP"):
-        problems.append(f"HybridEP is installed but fused_a2a has HAVE_HYBRIDEP={v.get('HAVE_HYBRIDEP')} "
-                        f"({v.get('hybridep_error', 'import succeeded here')})")
-    return problems
+def judge_megatron(v: dict, present: set[str]) -> list[str]:
+    """Problems: a flex backend whose package is installed (`present`: names) but that Megatron's
+    fused_a2a did not import, so its flex path would fall back silently."""
+    return [f"{b.package} is installed but Megatron's fused_a2a has {b.have_flag}={v.get(b.have_flag)} "
+            f"({v.get(f'{b.name}_error', 'import succeeded here')}): flex/{b.name} would fall back silently"
+            for b in FLEX_CHECKED if b.name in present and not v.get(b.have_flag)]
 
 
 @register("megatron", "megatron-core imports and its fused_a2a really sees DeepEP/HybridEP (no silent fallback)")
@@ -272,12 +273,12 @@ def check_megatron(ctx: Context):
     v = r.value
     if v.get("import_error"):
         return failed(f"import megatron.core / fused_a2a raised {v['import_error']}")
-    deep, hybrid = installed("deep_ep"), installed("hybrid_ep_cpp")
-    problems = judge_megatron(v, deep, hybrid)
+    present = {b.name for b in FLEX_CHECKED if installed(b.package)}
+    problems = judge_megatron(v, present)
     if problems:
         return failed("; ".join(problems), probe=v)
-    if not deep:
-        return waived(f"megatron-core {v['version']} imports; deep_ep not installed, so there is no DeepEP/HybridEP "
-                      "for its flex dispatcher to see", probe=v)
-    seen = [n for n, k in (("DeepEP", "HAVE_DEEP_EP"), ("HybridEP", "HAVE_HYBRIDEP")) if v.get(k)]
+    if not present:
+        return waived(f"megatron-core {v['version']} imports; none of {', '.join(b.package for b in FLEX_CHECKED)} "
+                      "is installed, so there is nothing for its flex dispatcher to see", probe=v)
+    seen = [b.name for b in FLEX_CHECKED if v.get(b.have_flag)]
     return passed(f"megatron-core {v['version']}: fused_a2a sees {', '.join(seen)}", probe=v)

@@ -5,6 +5,9 @@ failed is never shown with a version.
 """
 from __future__ import annotations
 
+import importlib
+
+from ..megatron_map import BACKENDS
 from . import child
 from .registry import Context
 
@@ -32,23 +35,22 @@ def deep_ep_probe() -> dict:
 
 
 def megatron_probe() -> dict:
-    """Child side: import megatron.core and read what its fused_a2a found."""
+    """Child side: import megatron.core and read what its fused_a2a found, per flex backend."""
     try:
         import megatron.core as mc
         from megatron.core.transformer.moe import fused_a2a
     except Exception as e:  # noqa: BLE001
         return {"import_error": f"{type(e).__name__}: {e}"}
-    out = {"version": getattr(mc, "__version__", None), "HAVE_DEEP_EP": getattr(fused_a2a, "HAVE_DEEP_EP", None),
-           "HAVE_HYBRIDEP": getattr(fused_a2a, "HAVE_HYBRIDEP", None)}
-    try:
-        from deep_ep import Buffer  # noqa: F401 - the same imports fused_a2a tries
-        from deep_ep.utils import EventHandle, EventOverlap  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        out["deep_ep_error"] = f"{type(e).__name__}: {e}"
-    try:
-        from deep_ep import HybridEPBuffer  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        out["hybridep_error"] = f"{type(e).__name__}: {e}"
+    out = {"version": getattr(mc, "__version__", None)}
+    for b in BACKENDS.values():
+        if not b.have_flag:
+            continue
+        out[b.have_flag] = getattr(fused_a2a, b.have_flag, None)
+        try:
+            for module, name in b.probe:       # the same imports fused_a2a tries
+                getattr(importlib.import_module(module), name)
+        except Exception as e:  # noqa: BLE001
+            out[f"{b.name}_error"] = f"{type(e).__name__}: {e}"
     return out
 
 

@@ -113,7 +113,7 @@ def select(keys: list[str] | None = None, prefixes: list[str] | None = None) -> 
     return [c for k, c in REGISTRY.items() if k in chosen]
 
 
-def run_one(check: Check, ctx: Context) -> Result:
+def run_check(check: Check, ctx: Context) -> Result:
     t0 = time.monotonic()
     try:
         out = check.fn(ctx)
@@ -130,7 +130,7 @@ def run_one(check: Check, ctx: Context) -> Result:
 def run(checks: list[Check], ctx: Context, progress: Callable[[Result], None] | None = None) -> list[Result]:
     out = []
     for c in checks:
-        r = run_one(c, ctx)
+        r = run_check(c, ctx)
         if progress:
             progress(r)
         out.append(r)

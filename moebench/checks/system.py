@@ -9,10 +9,10 @@ import os
 import platform
 from pathlib import Path
 
-from .. import ceilings, topology
-from ..results import dist_version
+from .. import buildkind, ceilings, topology
+from ..toolkit import dist_version
 from ..topology import nvml
-from . import buildkind, imports
+from . import imports
 from .registry import Context, failed, passed, register, waived
 
 # NVLink links per GPU by SKU substring (first match wins); PCIe and "NVL" boards: unknown

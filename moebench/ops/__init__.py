@@ -4,11 +4,12 @@ Legend: T tokens, H hidden, K top-k, E experts, R permuted rows, S scale columns
 
 Why this shape:
 - One schema per op in the ``moebench`` namespace (``torch.ops.moebench.permute`` etc.); the
-  implementation is a string argument (``impl``: "torch" | "triton" | "cuda"), so a benchmark or a
-  backend can pick one per call, and ``torch.library.opcheck`` covers all of them. The ops are
+  implementation is a string argument (``impl``: "torch" | "triton" | "cuda", and for tuning
+  "cuda@V" / "triton@BH:WARPS:UBH:UWARPS:TMA", see cuda_impl / triton_impl), so a benchmark or a
+  backend can pick one per call (no module-global knob state), and ``torch.library.opcheck`` covers all of them. The ops are
   registered with ``Library.define``/``impl`` (CPU and CUDA keys plus a fake kernel), not
   ``@custom_op``, whose per-call overhead is several microseconds.
-- The torch implementation (``reference.py``) is the oracle and the CPU implementation.
+- The torch implementation (``torch_impl.py``) is the oracle and the CPU implementation.
 - ``permute`` returns rows in Megatron-Core's unfused ``permute`` order (by expert, then token
   index; -1 slots skipped). Its row count depends on the data, so the GPU impls compute the index
   math on the device, launch the copy into an upper-bound buffer, and only then wait for the row
@@ -25,7 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import reference as _ref
+from . import torch_impl
 
 IMPLS = ("torch", "triton", "cuda")
 
@@ -92,10 +93,18 @@ def best_impl(device, op: str = "permute") -> str:
 
 
 def _backend(impl: str, device: torch.device, op: str):
+    """(implementation module, variant) for "NAME" or "NAME@VARIANT" (cuda@16, triton@2048:8)."""
+    impl, _, variant = impl.partition("@")
+    if variant and (impl not in ("cuda", "triton") or op == "sort_chunks_by_idxs"):
+        raise ValueError(f"impl {impl!r} has no variants for {op} (only cuda@V and triton@... permute/unpermute)")
+    return _module(impl, device, op), variant
+
+
+def _module(impl: str, device: torch.device, op: str):
     if impl == "auto":
         impl = best_impl(device, op)
     if impl == "torch":
-        return _ref
+        return torch_impl
     if impl == "triton":
         ok, why = _available("triton")
         if not ok:
@@ -124,19 +133,21 @@ _NO_SCALES = torch.empty(0)
 
 
 def _permute_kernel(x, topk_idx, num_experts, scales, pad_multiple, num_out_rows, impl):
-    out, out_s, row_map, tpe = _backend(impl, x.device, "permute").permute(
-        x, topk_idx, num_experts, scales, pad_multiple, num_out_rows)
+    mod, variant = _backend(impl, x.device, "permute")
+    args = (x, topk_idx, num_experts, scales, pad_multiple, num_out_rows)
+    out, out_s, row_map, tpe = mod.permute(*args, variant) if variant else mod.permute(*args)
     if out_s is None:
         out_s = torch.empty(0, dtype=torch.float32, device=x.device)
     return out, out_s, row_map, tpe
 
 
 def _unpermute_kernel(y, row_map, topk_w, impl):
-    return _backend(impl, y.device, "unpermute").unpermute(y, row_map, topk_w)
+    mod, variant = _backend(impl, y.device, "unpermute")
+    return mod.unpermute(y, row_map, topk_w, variant) if variant else mod.unpermute(y, row_map, topk_w)
 
 
 def _sort_chunks_kernel(x, split_sizes, sorted_idxs, impl):
-    return _backend(impl, x.device, "sort_chunks_by_idxs").sort_chunks_by_idxs(x, split_sizes, sorted_idxs)
+    return _backend(impl, x.device, "sort_chunks_by_idxs")[0].sort_chunks_by_idxs(x, split_sizes, sorted_idxs)
 
 
 for _key in ("CPU", "CUDA"):

@@ -18,6 +18,7 @@ _C = None
 _why = "not loaded yet"
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 SOURCES = ("moe_permute.cu", "bindings.cpp")
+# Kernel variant bits (csrc/moe_permute.h): impl "cuda@V" picks V per call; these are the defaults.
 VARIANT_PERMUTE = int(os.environ.get("MOEBENCH_CUDA_PERMUTE_VARIANT", "0"))
 VARIANT_UNPERMUTE = int(os.environ.get("MOEBENCH_CUDA_UNPERMUTE_VARIANT", "0"))
 _DTYPE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -89,7 +90,7 @@ def _stream() -> int:
 
 
 def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tensor | None,
-            pad_multiple: int, num_out_rows: int = -1):
+            pad_multiple: int, num_out_rows: int = -1, variant: str = ""):
     T, K = topk_idx_TK.shape
     E = int(num_experts)
     if K > 32 or E > 4096 or K == 0 or E == 0:
@@ -116,13 +117,13 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
                    s.shape[1] * s.element_size() if s is not None else 0,
                    idx.data_ptr(), idx.element_size(), T, K, E, pad, out.data_ptr(),
                    out_s.data_ptr() if out_s is not None else 0, row_map.data_ptr(), tpe.data_ptr(),
-                   ws.data_ptr(), wait, VARIANT_PERMUTE, _stream())
+                   ws.data_ptr(), wait, int(variant) if variant else VARIANT_PERMUTE, _stream())
     if not wait:
         R = int(num_out_rows)
     return out[:R], (out_s[:R] if out_s is not None else None), row_map, tpe
 
 
-def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor) -> Tensor:
+def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor, variant: str = "") -> Tensor:
     T, K = row_map_TK.shape
     y = y_RH.contiguous()
     H = y.shape[1]
@@ -137,7 +138,7 @@ def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor) -> Tensor:
     if y.shape[0] == 0:
         return out.zero_()
     _C.unpermute(y.data_ptr(), _DTYPE[y.dtype], rm.data_ptr(), w.data_ptr(), _DTYPE[w.dtype],
-                 out.data_ptr(), T, K, H, VARIANT_UNPERMUTE, _stream())
+                 out.data_ptr(), T, K, H, int(variant) if variant else VARIANT_UNPERMUTE, _stream())
     return out
 
 

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from moebench.checks import buildkind
+from moebench import buildkind
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 

@@ -1,4 +1,4 @@
-"""Torch reference of the permute ops: the oracle, and the CPU implementation.
+"""Torch implementation of the permute ops: the oracle, and the CPU implementation.
 
 Legend: T tokens, H hidden, K top-k, E experts, R permuted rows, S scale columns, C chunks.
 

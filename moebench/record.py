@@ -1,0 +1,153 @@
+"""moebench's records: one dataclass per tool's JSONL record, one reader, and the accessors that
+report, flags, plan, knobs and the checks read records through.
+
+Units live in key names (_us, _GBps, _bytes). A record is written as its dataclass's dict; readers
+get plain dicts back (older files may lack newer fields: the accessors give their defaults).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SCHEMA = "moebench.result/1"           # moebench.dispatch, one record per case x backend x phase
+PERMUTE_SCHEMA = "moebench.permute/1"  # moebench.permute, one record per shape x impl x op
+BYTE_RULE = "moebench/1: pairs = (token, destination rank); algbw incl. local, busbw remote only"
+PHASES = ("dispatch", "combine")
+
+
+def _compact(d: dict, optional: tuple[str, ...]) -> dict:
+    return {k: v for k, v in d.items() if not (k in optional and v is None)}
+
+
+@dataclass
+class DispatchRecord:
+    argv: list[str] | None
+    repro: str
+    workload: dict                   # Workload.asdict()
+    device: str                      # cpu | cuda
+    backend: dict                    # {name, version, knobs, dedup}
+    phase: str                       # dispatch | combine | a backend's extra phase
+    timing: dict | None              # timing.Stats.asdict(); None when nothing was timed
+    traffic: dict                    # the byte rule's pairs, bytes, GB/s, ceilings
+    check: dict                      # {status: PASS | FAIL | WAIVED, error}
+    env: dict                        # results.provenance()
+    start_utc: str
+    end_utc: str
+    functional: bool                 # True: the times say the code works, not how fast (CPU/gloo)
+    shared_gpu: dict | None = None   # several ranks on one GPU (functional too); None: one rank per GPU
+    kernels: list | None = None      # --profile: the phase's kernels per call
+    sweep: dict | None = None        # {name, case, knobs} for a sweep's records
+    byte_rule: str = BYTE_RULE
+    schema: str = field(default=SCHEMA, init=False)
+
+    def asdict(self) -> dict:
+        return _compact(asdict(self), ("kernels", "sweep"))
+
+
+@dataclass
+class PermuteRecord:
+    command: str
+    shape: dict                      # {T, H, K, E, R, dtype}
+    impl: str                        # torch | triton[@...] | cuda[@V] | megatron | te
+    op: str                          # permute | permute_wait | unpermute
+    check: dict
+    env: dict
+    copy_GBps: float                 # the device-to-device copy bandwidth of the same run
+    start_utc: str
+    functional: bool
+    end_utc: str | None = None
+    timing: dict | None = None       # timing.Stats.asdict()
+    bytes: int | None = None         # unique bytes read + written
+    GBps: float | None = None
+    frac_of_copy: float | None = None
+    speedup_vs_megatron: float | None = None
+    kernels: list | None = None
+    host_us: float | None = None
+    tool: str = "moebench.permute"
+    schema: str = field(default=PERMUTE_SCHEMA, init=False)
+
+    def asdict(self) -> dict:
+        return _compact(asdict(self), ("timing", "bytes", "GBps", "frac_of_copy", "speedup_vs_megatron",
+                                       "kernels", "host_us", "end_utc"))
+
+
+# ---- reading -------------------------------------------------------------------------------------
+
+def read(path: str | os.PathLike) -> list[dict]:
+    """Every JSON object of a JSONL file, in order. A line that is not a JSON object (cut short by a
+    killed run, garbled) is skipped with a note on stderr; it never raises for a bad line.
+    A missing file raises FileNotFoundError('PATH: no such file')."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    out = []
+    with p.open(errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                obj = None
+            if isinstance(obj, dict):
+                out.append(obj)
+            else:
+                print(f"# {path}:{n}: skipped a line that is not a JSON record", file=sys.stderr)
+    return out
+
+
+def is_dispatch(r: dict) -> bool:
+    """A moebench.dispatch record (by shape: files written before the schema field was exact)."""
+    return isinstance(r, dict) and "workload" in r and "backend" in r and r.get("schema") != PERMUTE_SCHEMA
+
+
+def read_dispatch(paths) -> list[dict]:
+    """The moebench.dispatch records of several JSONL files, each tagged `_file` with its path."""
+    out = []
+    for path in paths:
+        out += [{**r, "_file": str(path)} for r in read(path) if is_dispatch(r)]
+    return out
+
+
+# ---- accessors -----------------------------------------------------------------------------------
+
+def name(r: dict) -> str:
+    return (r.get("backend") or {}).get("name")
+
+
+def status(r: dict) -> str | None:
+    return (r.get("check") or {}).get("status")
+
+
+def error(r: dict) -> str:
+    return (r.get("check") or {}).get("error") or ""
+
+
+def timing(r: dict) -> dict:
+    return r.get("timing") or {}
+
+
+def median_us(r: dict) -> float | None:
+    return timing(r).get("median_us")
+
+
+def traffic(r: dict) -> dict:
+    return r.get("traffic") or {}
+
+
+def gpu(r: dict) -> str | None:
+    return (r.get("env") or {}).get("gpu")
+
+
+def timed(r: dict) -> bool:
+    """Checked PASS and timed."""
+    return status(r) == "PASS" and median_us(r) is not None
+
+
+def is_functional(r: dict) -> bool:
+    """Times that say the code works, not how fast: CPU/gloo runs and ranks sharing a GPU.
+    Records written before the `functional` field: a CPU device."""
+    return bool(r.get("functional", r.get("device") == "cpu"))

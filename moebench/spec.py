@@ -1,0 +1,173 @@
+"""What one dispatch run is: the workload, the backends, and the options of the harness.
+
+A `RunSpec` is built once, from the command line (`from_args`) or from a sweep's case
+(`dataclasses.replace` of the sweep's base spec), checked once (`check`), and handed to the runner.
+`to_argv()` is the single-case command line that rebuilds the same spec (the repro command of every
+record, and the command checks/ep.py runs in its child); parsing it gives back an equal spec.
+
+Knobs: `ops_impl`, `num_sms` and any `--knob KEY=VALUE` go to every backend; a knob `env:VAR`
+sets VAR in the environment of the rank processes instead (HybridEP's chunk sizes).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+
+from .backends import base
+from .launch import pick_device
+from .workload import DTYPES, Workload, WorkloadError
+
+CPU_DEFAULT_SHAPE = {"num_tokens": 256, "hidden": 1024}   # keeps --ep 8 under a minute on 2 cores
+OPS_IMPLS = ("auto", "torch", "triton", "cuda")
+ENV_KNOB = "env:"
+
+
+@dataclass
+class Options:
+    """How the runner checks and times one backend (no workload, no backend choice)."""
+    device: str = "cpu"              # cpu | cuda
+    iters: int = 20
+    warmup_ms: float = 200.0
+    flush_l2: bool = True
+    timeout_s: float = 600.0
+    knobs: dict = field(default_factory=dict)        # passed to every backend (num_sms, ops_impl, ...)
+    env: dict = field(default_factory=dict)          # set for the rank processes (from env:VAR knobs)
+    ceiling_gbps: float | None = None
+    measure_ceiling: bool = True
+    profile: bool = False                            # also record each phase's kernels (profiler)
+    ranks_per_gpu: int = 1                           # > 1: shared-GPU ranks (launch.py), functional only
+
+    @property
+    def functional(self) -> bool:
+        """True when the times are not performance figures (CPU/gloo, or ranks sharing a GPU)."""
+        return self.device == "cpu" or self.ranks_per_gpu > 1
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """The flags of one dispatch run (moebench.dispatch adds the sweep flags to these)."""
+    p.add_argument("--num-tokens", type=int, help="tokens per rank (default 4096; CPU 256)")
+    p.add_argument("--hidden", type=int, help="hidden size (default 7168; CPU 1024)")
+    p.add_argument("--num-experts", type=int, default=256)
+    p.add_argument("--topk", type=int, default=8)
+    p.add_argument("--ep", type=int, default=8, help="expert-parallel ranks")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="ranks per NVLink node (byte-rule split)")
+    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="dispatch payload (combine is bf16)")
+    p.add_argument("--routing", default="uniform",
+                   help="uniform | balanced | zipf:S | group:G:M | trace:FILE, optionally ,masked:P")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", default="all", help=f"all or a list of: {', '.join(base.names())}")
+    p.add_argument("--iters", type=int, help="timed iterations (default 20; CPU 5)")
+    p.add_argument("--warmup-ms", type=float, help="warm-up budget per phase (default 200; CPU 0)")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--ranks-per-gpu", type=int, default=1, metavar="N",
+                   help="shared-GPU ranks: N EP ranks per GPU (gloo group, CUDA IPC on one device), to run real "
+                        "backends on fewer GPUs than EP ranks; functional only, never performance figures")
+    p.add_argument("--out", default="moebench-dispatch.jsonl", help="JSONL file to append to")
+    p.add_argument("--ceiling-gbps", type=float, help="override the nominal per-GPU link ceiling")
+    p.add_argument("--num-sms", type=int, help="SMs for deepep/hybridep kernels")
+    p.add_argument("--ops-impl", default="auto", choices=OPS_IMPLS,
+                   help="permute/unpermute implementation of the alltoall path")
+    p.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
+                   help="backend knob, repeatable (e.g. mode=plain, num_sms_dispatch=16; env:VAR=V sets "
+                        "VAR for the rank processes)")
+    p.add_argument("--no-flush-l2", action="store_true", help="skip the L2 flush before timed calls")
+    p.add_argument("--profile", action="store_true",
+                   help="also record each phase's GPU kernels (CPU: torch ops) per call, from the profiler")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per backend launch")
+
+
+def parse_knob(kv: str) -> tuple[str, int | str]:
+    key, sep, val = kv.partition("=")
+    if not sep or not key:
+        raise WorkloadError(f"--knob wants KEY=VALUE, got {kv!r}")
+    return key, int(val) if val.lstrip("-").isdigit() else val
+
+
+@dataclass
+class RunSpec:
+    workload: Workload
+    backends: tuple[str, ...]
+    explicit: bool = False           # backends were named (not `all`): one that cannot take the run is bad input
+    device: str = "cpu"              # resolved: cpu | cuda
+    iters: int = 5
+    warmup_ms: float = 0.0
+    flush_l2: bool = True
+    timeout_s: float = 600.0
+    knobs: dict = field(default_factory=dict)    # ops_impl, num_sms, --knob (env:VAR included)
+    ceiling_gbps: float | None = None
+    profile: bool = False
+    ranks_per_gpu: int = 1
+    out: str = "moebench-dispatch.jsonl"
+    note: str = field(default="", compare=False)  # what device picking wants said (CPU fallback)
+
+    @classmethod
+    def from_args(cls, args, workload: Workload | None = None) -> RunSpec:
+        """From parsed dispatch flags; `workload` replaces the flags' shape (sweeps). Bad input
+        raises WorkloadError."""
+        rpg = args.ranks_per_gpu
+        device, note = pick_device(args.device, args.ep, rpg)
+        cpu = device == "cpu"
+        knobs = {"ops_impl": args.ops_impl}
+        if args.num_sms is not None:
+            knobs["num_sms"] = args.num_sms
+        knobs.update(parse_knob(kv) for kv in args.knob)
+        return cls(workload=workload or _workload(args, cpu), backends=tuple(base.parse_backends(args.backend)),
+                   explicit=args.backend != "all", device=device, iters=args.iters or (5 if cpu else 20),
+                   warmup_ms=args.warmup_ms if args.warmup_ms is not None else (0.0 if cpu else 200.0),
+                   flush_l2=not args.no_flush_l2, timeout_s=args.timeout, knobs=knobs,
+                   ceiling_gbps=args.ceiling_gbps, profile=args.profile, ranks_per_gpu=rpg, out=args.out,
+                   note=note)
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> RunSpec:
+        p = argparse.ArgumentParser(prog="moebench.spec")
+        add_args(p)
+        return cls.from_args(p.parse_args(argv))
+
+    def replace(self, **changes) -> RunSpec:
+        return dataclasses.replace(self, **changes)
+
+    def check(self) -> RunSpec:
+        """Bad input raises WorkloadError: an explicitly named backend that cannot take this run."""
+        if self.explicit:
+            for n in self.backends:
+                base.get(n)(knob_values=self.options().knobs).validate(self.workload, self.workload.ep)
+        return self
+
+    def options(self) -> Options:
+        return Options(device=self.device, iters=self.iters, warmup_ms=self.warmup_ms, flush_l2=self.flush_l2,
+                       timeout_s=self.timeout_s,
+                       knobs={k: v for k, v in self.knobs.items() if not k.startswith(ENV_KNOB)},
+                       env={k[len(ENV_KNOB):]: str(v) for k, v in self.knobs.items() if k.startswith(ENV_KNOB)},
+                       ceiling_gbps=self.ceiling_gbps, profile=self.profile, ranks_per_gpu=self.ranks_per_gpu)
+
+    def to_argv(self) -> list[str]:
+        """The `python -m moebench.dispatch` arguments that rebuild this spec."""
+        w = self.workload
+        argv = ["--num-tokens", w.num_tokens, "--hidden", w.hidden, "--num-experts", w.num_experts,
+                "--topk", w.topk, "--ep", w.ep, "--gpus-per-node", w.gpus_per_node, "--dtype", w.dtype,
+                "--routing", w.routing, "--seed", w.seed,
+                "--backend", ",".join(self.backends) if self.explicit else "all", "--device", self.device,
+                "--iters", self.iters, "--warmup-ms", self.warmup_ms, "--timeout", self.timeout_s, "--out", self.out]
+        knobs = dict(self.knobs)
+        argv += ["--ops-impl", knobs.pop("ops_impl", "auto")]
+        if "num_sms" in knobs:
+            argv += ["--num-sms", knobs.pop("num_sms")]
+        for k, v in knobs.items():
+            argv += ["--knob", f"{k}={v}"]
+        if self.ceiling_gbps is not None:
+            argv += ["--ceiling-gbps", self.ceiling_gbps]
+        argv += ["--no-flush-l2"] * (not self.flush_l2) + ["--profile"] * self.profile
+        if self.ranks_per_gpu != 1:
+            argv += ["--ranks-per-gpu", self.ranks_per_gpu]
+        return [str(a) for a in argv]
+
+
+def _workload(args, cpu: bool) -> Workload:
+    shape = {k: getattr(args, k) for k in CPU_DEFAULT_SHAPE}
+    for k, v in shape.items():
+        if v is None:
+            shape[k] = CPU_DEFAULT_SHAPE[k] if cpu else Workload.__dataclass_fields__[k].default
+    return Workload(num_experts=args.num_experts, topk=args.topk, ep=args.ep, dtype=args.dtype,
+                    routing=args.routing, seed=args.seed, gpus_per_node=args.gpus_per_node, **shape)

@@ -1,0 +1,99 @@
+"""The package's shape: no import cycle between moebench modules, no module over 400 lines.
+
+Every import counts, also the ones inside functions (a lazy import still ties two modules together).
+An import of a module's parent package for its name (`from . import x`) counts as an import of
+module x when x is a module, else of the package.
+"""
+import ast
+from pathlib import Path
+
+import moebench
+
+ROOT = Path(moebench.__file__).resolve().parent
+MAX_LINES = 400
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(ROOT.rglob("*.py")):
+        parts = ("moebench",) + p.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def _base(name: str, path: Path, level: int, module: str | None) -> str:
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for _ in range(level - 1):
+        pkg = pkg.rpartition(".")[0]
+    return ".".join(x for x in (pkg, module) if x) if level else (module or "")
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The moebench modules that module `name` imports, anywhere in its body."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _base(name, path, node.level, node.module)
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        out |= {t for t in targets if t in known and t != name}
+    return out
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}        # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (found := visit(m)):
+                return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)):
+            return found
+    return None
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {n: imports(n, p, set(mods)) for n, p in mods.items()}
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_import_graph_sees_lazy_and_relative_imports():
+    g = graph()
+    assert "moebench.spec" in g["moebench.dispatch"] and "moebench.sweep" in g["moebench.dispatch"]
+    assert "moebench.buildkind" in g["moebench.backends.hybridep"]       # imported inside a function
+    assert "moebench.ops.torch_impl" in g["moebench.ops"]                # `from . import torch_impl`
+
+
+def test_no_import_cycle_in_moebench():
+    assert find_cycle(graph()) is None
+
+
+def test_backends_never_import_checks_or_the_cli():
+    g = graph()
+    for n, deps in g.items():
+        if n.startswith("moebench.backends"):
+            assert not {d for d in deps if d.startswith("moebench.checks") or d == "moebench.dispatch"}, n
+
+
+def test_no_module_over_400_lines():
+    long = {n: len(p.read_text().splitlines()) for n, p in modules().items()}
+    assert {n: c for n, c in long.items() if c > MAX_LINES} == {}
