@@ -1,27 +1,48 @@
 #!/usr/bin/env bash
 # moebench against a real DeepEP / HybridEP on the one-GPU H200, with shared-GPU ranks (functional
 # only: the ranks time-slice one GPU). Produces bench/results/shared-gpu-h200*.
-# Usage on the device machine, with the builds of bench/deepep_build.sh unpacked under /tmp/deepep
-# (FIX variant in DEEPEP_BUILD, default commid) and .whl (megatron-core 0.19.2) carried:
+# Carry .ext/DeepEP (source), .ext/deepep-build (the none/commid builds packed by
+# bench/deepep_bringup.sh) and .whl (megatron-core 0.19.2). On the device machine:
 #   MOEBENCH_GIT_SHA=<sha> bash bench/shared_gpu_run.sh
 set -uo pipefail
-OUT=${OUT:-out}; mkdir -p "$OUT"
-B=/tmp/deepep/${DEEPEP_BUILD:-commid}
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$B${PYTHONPATH:+:$PYTHONPATH}" NCCL_NVLS_ENABLE=0
-export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+OUT=${OUT:-out}; mkdir -p "$OUT"; LOG=$OUT/shared-gpu-h200.txt; exec > >(tee "$LOG") 2>&1
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+BASE="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+    .whl/*.whl && BASE="$BASE:/tmp/site"
 fi
 t0=$(date +%s); step() { echo "### $1 ($(( $(date +%s) - t0 )) s)"; }
+mkdir -p /tmp/deepep && cat .ext/deepep-build/deepep-build.tar.xz.* | tar -xJ -C /tmp/deepep
+FIX=syslink bash bench/deepep_build.sh .ext/DeepEP > /tmp/build-syslink.log 2>&1 & BUILD=$!
+use() { export PYTHONPATH="$BASE:/tmp/deepep/$1"; }   # which DeepEP build the next commands see
+
+use commid
 J=$OUT/shared-gpu-h200.jsonl
-D="python3 -m moebench.dispatch --num-tokens 512 --hidden 2048 --num-experts 32 --topk 4 --iters 3 --warmup-ms 0 --timeout 240 --out $J"
-step "deepep EP 2 / 4, bf16 + fp8, --num-sms 16"
+D="timeout 200 python3 -m moebench.dispatch --num-tokens 512 --hidden 2048 --num-experts 32 --topk 4 --iters 3 --timeout 180 --out $J"
+step "deepep EP 2 / 4, bf16 + fp8, --num-sms 16 (commid build)"
 for ep in 2 4; do for dt in bf16 fp8; do
-  $D --backend deepep --ep $ep --ranks-per-gpu $ep --dtype $dt --num-sms 16 2>&1 | grep -v "^#"
+  $D --backend deepep --ep $ep --ranks-per-gpu $ep --dtype $dt --num-sms 16 | grep -v "^# running"
 done; done
-step "hybridep EP 2 (permute, plain), alltoall, mcore-*"
-$D --backend hybridep --ep 2 --ranks-per-gpu 2 --knob mode=permute 2>&1 | grep -v "^#"
-$D --backend hybridep --ep 2 --ranks-per-gpu 2 --knob mode=plain 2>&1 | grep -v "^#"
-$D --backend alltoall,mcore-alltoall,mcore-deepep,mcore-hybridep --ep 2 --ranks-per-gpu 2 2>&1 | grep -v "^#"
+step "hybridep EP 2 and 4, permute and plain; alltoall and mcore-* EP 2"
+for ep in 2 4; do for m in permute plain; do
+  $D --backend hybridep --ep $ep --ranks-per-gpu $ep --knob mode=$m | grep -v "^# running"
+done; done
+$D --backend alltoall,mcore-alltoall,mcore-deepep,mcore-hybridep --ep 2 --ranks-per-gpu 2 | grep -v "^# running"
+
+step "syslink build"; wait $BUILD; tail -4 /tmp/build-syslink.log; cp /tmp/deepep/syslink/deepep_build.json "$OUT/deepep-build-syslink.json"
+for v in none commid; do python3 - "$v" <<'PY'
+import json, subprocess, sys; d = f"/tmp/deepep/{sys.argv[1]}"; b = json.load(open(f"{d}/deepep_build.json"))
+print(sys.argv[1], b["fix"], subprocess.run(f"readelf -d {d}/hybrid_ep_cpp*.so | grep -c 'NEEDED.*libstdc'", shell=True,
+      capture_output=True, text=True).stdout.strip(), "NEEDED libstdc++ entries")
+PY
+done
+use syslink; step "probe syslink"
+timeout 100 python3 bench/hybridep_probe.py --ranks 2 --permute --timeout 90 > /tmp/probe.txt 2>&1; grep -E "^rank|passed" /tmp/probe.txt
+W=syslink; grep -q "^2 passed" /tmp/probe.txt || W=commid
+C="timeout 280 python3 -m moebench.check --iters 3 --timeout 120"
+step "check: broken build (none)"; use none
+$C -t env -p deepep -p hybridep --out "$OUT/check-broken-h200.json" --junit "$OUT/check-broken-h200.xml"
+step "check: working build ($W), the whole suite"; use $W
+$C --out "$OUT/check-working-h200.json" --junit "$OUT/check-working-h200.xml"
 step done
