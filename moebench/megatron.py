@@ -18,7 +18,7 @@ import sys
 from . import flags as F
 from . import results
 from .megatron_map import BACKENDS, CONTROL
-from .record import read_dispatch
+from .record import FUNCTIONAL_NOTE, performance_only, read_dispatch
 from .toolkit import dist_version, installed
 
 VALIDATE_SCHEMA = "moebench.megatron.validate/1"
@@ -76,6 +76,8 @@ def cmd_flags(args) -> int:
             recs = read_dispatch([args.results])
         except OSError as e:
             raise F.FlagsError(f"cannot read {args.results}: {e}") from None
+        if recs and not (recs := performance_only(recs, "megatron flags")):
+            raise F.FlagsError(f"every record in {args.results} is {FUNCTIONAL_NOTE}: measure on the target GPUs")
         decisions = F.decisions_from_results(recs, version, args.overlap, args.num_sms, args.min_gain)
         if not decisions:
             raise F.FlagsError(f"{args.results} holds no moebench.dispatch records")

@@ -151,3 +151,16 @@ def is_functional(r: dict) -> bool:
     """Times that say the code works, not how fast: CPU/gloo runs and ranks sharing a GPU.
     Records written before the `functional` field: a CPU device."""
     return bool(r.get("functional", r.get("device") == "cpu"))
+
+
+FUNCTIONAL_NOTE = ("functional only (CPU/gloo or shared-GPU ranks): they show the code works, not how fast it "
+                   "is, and are not performance evidence")
+
+
+def performance_only(recs: list[dict], tool: str) -> list[dict]:
+    """The records that may serve as performance evidence; says on stderr how many were left out."""
+    keep = [r for r in recs if not is_functional(r)]
+    if len(keep) < len(recs):
+        print(f"# {tool}: left out {len(recs) - len(keep)} record(s) that are {FUNCTIONAL_NOTE}", file=sys.stderr)
+    return keep
+

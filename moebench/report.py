@@ -84,8 +84,9 @@ def _groups(records: list[dict]) -> dict[str, list[dict]]:
     for r in sorted(records, key=lambda r: (family(r["workload"]), r["workload"]["num_tokens"],
                                             record.name(r), knob_str(r),
                                             phase_order.get(r["phase"], 9), r["phase"])):
-        env = r.get("env") or {}
-        where = f"{r.get('device')}" + (f", {env['gpu']}" if env.get("gpu") else "")
+        env, shared = r.get("env") or {}, r.get("shared_gpu") or {}
+        where = f"{r.get('device')}" + (f", {env['gpu']}" if env.get("gpu") else "") + (
+            f", {shared['ranks_per_gpu']} ranks per GPU: functional only" if shared else "")
         out.setdefault(f"{family(r['workload'])} ({where})", []).append(r)
     return out
 
@@ -99,7 +100,8 @@ def tables(records: list[dict], markdown: bool = False) -> str:
         parts.append(tabulate([_row(r) for r in recs], headers=TABLE_HEAD,
                               tablefmt="github" if markdown else "simple", disable_numparse=True))
         if any(record.is_functional(r) for r in recs):
-            parts.append(("" if markdown else "# ") + "CPU/gloo rows: functional only, not performance figures")
+            parts.append(("" if markdown else "# ") + "rows on CPU/gloo or shared-GPU ranks: functional only, "
+                         "not performance figures")
         parts.append("")
     return "\n".join(parts)
 
@@ -326,6 +328,9 @@ def _compare_inputs(args) -> tuple[list[dict], list[dict], str, str, bool]:
 def run(args) -> int:
     if args.compare:
         ra, rb, la, lb, by_backend = _compare_inputs(args)
+        ra, rb = record.performance_only(ra, "report --compare"), record.performance_only(rb, "report --compare")
+        if not ra or not rb:
+            raise ReportError(f"--compare: {la if not ra else lb} has no records left: all are {record.FUNCTIONAL_NOTE}")
         res = compare(ra, rb, args.min_effect, by_backend)
         if not res["rows"]:
             raise ReportError(f"--compare: no matching PASS rows between {la} and {lb}")

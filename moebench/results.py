@@ -112,6 +112,8 @@ def table_rows(records: list[dict]) -> list[list[str]]:
         err = record.error(r)
         err = err if len(err) <= 90 else err[:87] + "..."      # the whole error is in the JSONL
         check = record.status(r) + (f" ({err})" if err else "")
+        if t and record.is_functional(r):      # CPU/gloo or shared-GPU ranks: the times are no measurement
+            check += " [functional only]"
         rows.append([record.name(r), r["phase"], _fmt(t.get("median_us")), _fmt(t.get("p90_us")),
                      _fmt(tr.get("algbw_GBps")), _fmt(tr.get("busbw_GBps")), _fmt(tr.get("wirebw_GBps")),
                      _fmt(tr.get("frac_of_ceiling"), 3), check])

@@ -69,3 +69,42 @@ def test_shared_gpu_rank_to_device_and_group():
     assert launch.pg_backend("cuda", 2) == "gloo"          # NCCL refuses two ranks on one GPU
     assert launch.pg_backend("cuda", 1) == "nccl"
     assert launch.pg_backend("cpu", 1) == "gloo"
+
+
+def shared_record(**over):
+    from moebench.record import DispatchRecord
+    w = {"num_tokens": 64, "hidden": 256, "num_experts": 8, "topk": 2, "ep": 2, "dtype": "bf16",
+         "routing": "uniform", "seed": 0, "gpus_per_node": 2}
+    base = dict(argv=[], repro="", workload=w, device="cuda", backend={"name": "deepep", "knobs": {}, "dedup": True},
+                phase="dispatch", timing={"median_us": 7000.0, "p10_us": 6900.0, "p90_us": 7100.0, "samples_us": [7000.0] * 5},
+                traffic={"algbw_GBps": 0.5}, check={"status": "PASS", "error": None}, env={"gpu": "NVIDIA H200"},
+                start_utc="", end_utc="", functional=True,
+                shared_gpu={"ranks_per_gpu": 2, "bypassed": ["deep_ep.buffer.check_nvlink_connections"]})
+    base.update(over)
+    return DispatchRecord(**base).asdict()
+
+
+def test_shared_gpu_records_are_labelled_and_refused_as_evidence(tmp_path, capsys):
+    from moebench import megatron, report, results
+    from moebench.checks.baseline import rows_from_records
+    recs = [shared_record(), shared_record(phase="combine"), shared_record(backend={"name": "alltoall", "knobs": {}})]
+    assert all(row[-1].endswith("[functional only]") for row in results.table_rows(recs))
+    f = tmp_path / "shared.jsonl"
+    results.write_jsonl(f, recs)
+    assert "functional only" in report.tables(recs)
+    assert report.main(["--compare", "deepep", "alltoall", str(f)]) == 2
+    assert "functional only" in capsys.readouterr().err
+    assert megatron.main(["flags", "--results", str(f), "--megatron-core-version", "0.16.1"]) == 2
+    assert "not performance evidence" in capsys.readouterr().err
+    assert all(r["functional"] for r in rows_from_records(recs))
+
+
+def test_check_baseline_refuses_a_functional_baseline(tmp_path):
+    from moebench import results
+    f = tmp_path / "shared.jsonl"
+    results.write_jsonl(f, [shared_record()])
+    out = tmp_path / "c.json"
+    p = subprocess.run([sys.executable, "-m", "moebench.check", "-t", "baseline", "--baseline", str(f), "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    row = json.loads(out.read_text())["results"][0]
+    assert p.returncode == 1 and row["status"] == "FAIL" and "functional only" in row["summary"], row

@@ -39,7 +39,8 @@ def rows_from_records(records: list[dict]) -> list[dict]:
         b = r["backend"]
         mode = (b.get("knobs") or {}).get("mode")
         rows.append({"workload": workload_key(r["workload"]), "backend": b["name"] + (f"/{mode}" if mode else ""),
-                     "phase": r["phase"], "GBps": float(gbps)})
+                     "phase": r["phase"], "GBps": float(gbps),
+                     **({"functional": True} if record.is_functional(r) else {})})
     return rows
 
 
@@ -104,6 +105,12 @@ def check_baseline(ctx: Context):
     current = [r for res in ctx.results for r in res.rows]
     for f in getattr(o, "results", None) or []:
         current += read_rows(f)
+    if base and all(r.get("functional") for r in base):
+        return failed(f"--baseline {o.baseline}: every row is {record.FUNCTIONAL_NOTE}; gate against a GPU run")
+    dropped = sum(1 for r in current if r.get("functional"))
+    base, current = [r for r in base if not r.get("functional")], [r for r in current if not r.get("functional")]
+    if dropped and not current:
+        return waived(f"the {dropped} current row(s) are {record.FUNCTIONAL_NOTE}: no gate on this machine")
     res = compare(base, current, o.threshold)
     if not res["compared"]:
         return waived(f"no rows in common with {o.baseline} ({len(base)} baseline, {len(current)} current rows)", **res)
