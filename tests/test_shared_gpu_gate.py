@@ -108,3 +108,16 @@ def test_check_baseline_refuses_a_functional_baseline(tmp_path):
                        capture_output=True, text=True, timeout=120)
     row = json.loads(out.read_text())["results"][0]
     assert p.returncode == 1 and row["status"] == "FAIL" and "functional only" in row["summary"], row
+
+
+def test_deepep_without_nvshmem_is_named_as_unusable_for_megatron(monkeypatch):
+    from moebench.backends.deepep import rdma_size_problem
+    from moebench.checks.ep import judge_megatron
+    monkeypatch.syspath_prepend(str(FAKES))
+    monkeypatch.delitem(sys.modules, "deep_ep", raising=False)
+    assert rdma_size_problem() is None
+    monkeypatch.setenv("FAKE_DEEP_EP_NO_NVSHMEM", "1")
+    why = rdma_size_problem()
+    assert "without NVSHMEM" in why and "flex/deepep" in why
+    assert judge_megatron({"HAVE_DEEP_EP": True, "deepep_build_problem": why}, {"deepep"}) == [why]
+    assert judge_megatron({"HAVE_DEEP_EP": True}, {"deepep"}) == []

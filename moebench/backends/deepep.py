@@ -43,7 +43,7 @@ LL_MAX_TOPK = 11
 LL_MAX_BUFFER_GiB = 16.0
 NVLINK_BYPASS = ("deep_ep.buffer.check_nvlink_connections (NVML has no NVLink P2P status "
                  "of a GPU with itself)")
-NO_NVSHMEM = "NVSHMEM is disabled during compilation"
+NO_NVSHMEM = "NVSHMEM is disable"   # DeepEP says "disabled" in deep_ep.cpp, "disable" in config.hpp
 
 
 def find(module: str) -> tuple[bool, str]:
@@ -87,6 +87,23 @@ def new_buffer(Buffer, *args, **kwargs):
             raise Unavailable(f"this deep_ep was built without NVSHMEM ({NO_NVSHMEM}): no low-latency "
                               "or cross-node mode") from e
         raise
+
+
+def rdma_size_problem(ranks: int = 2, hidden_bytes: int = 2 * 1024) -> str | None:
+    """Why Megatron's fused_a2a cannot size its DeepEP buffer with this build, else None.
+    fused_a2a.get_buffer asks get_rdma_buffer_size_hint even within one node, and a DeepEP built
+    without NVSHMEM asserts there (csrc/config.hpp), so Megatron's flex/deepep path dies on its
+    first dispatch. Host-only: needs no GPU."""
+    from deep_ep import Buffer
+    try:
+        Buffer.get_dispatch_config(ranks).get_rdma_buffer_size_hint(hidden_bytes, ranks)
+    except RuntimeError as e:
+        if NO_NVSHMEM in str(e):
+            return ("this DeepEP was built without NVSHMEM, and megatron-core's fused_a2a asks it for an RDMA "
+                    "buffer size (get_rdma_buffer_size_hint) even within a node, which it refuses: Megatron's "
+                    "flex/deepep path fails on its first dispatch; rebuild DeepEP with NVSHMEM")
+        raise
+    return None
 
 
 def destroy(buffer) -> None:
@@ -177,6 +194,7 @@ class DeepEPBackend(Backend):
         self.world = torch.distributed.get_world_size(group)
         self.num_sms = int(self.knob_values.get("num_sms") or getattr(Buffer, "num_sms", 20))
         Buffer.set_num_sms(self.num_sms)
+        self.num_sms = int(getattr(Buffer, "num_sms", self.num_sms))     # read back: what DeepEP will use
         self.impl = self.knob_values.get("ops_impl", "auto")     # "auto": the fastest per op
         self.idx_dtype = getattr(self.deep_ep, "topk_idx_t", torch.int64)
         if self.shared_gpu:

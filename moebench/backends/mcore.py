@@ -196,9 +196,13 @@ class _McoreBackend(Backend):
             raise Unavailable(f"import megatron.core failed: {type(e).__name__}: {e}") from None
         if self.flex_backend:
             check_flex_importable(self.flex_backend)
-            if self.shared_gpu and self.flex_backend == "deepep":
-                from .deepep import bypass_nvlink_check
-                self.bypassed.append(bypass_nvlink_check())     # Megatron builds a deep_ep.Buffer
+            if self.flex_backend == "deepep":
+                from .deepep import bypass_nvlink_check, rdma_size_problem
+                problem = rdma_size_problem(dist.get_world_size(group), w.hidden * 2)
+                if problem:
+                    raise Unavailable(problem)
+                if self.shared_gpu:
+                    self.bypassed.append(bypass_nvlink_check())     # Megatron builds a deep_ep.Buffer
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         L = w.local_experts
         self.config = TransformerConfig(**self._config_kwargs(TransformerConfig, w, world))

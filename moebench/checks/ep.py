@@ -257,10 +257,14 @@ def check_hybridep_roundtrip(ctx: Context):
 
 def judge_megatron(v: dict, present: set[str]) -> list[str]:
     """Problems: a flex backend whose package is installed (`present`: names) but that Megatron's
-    fused_a2a did not import, so its flex path would fall back silently."""
-    return [f"{b.package} is installed but Megatron's fused_a2a has {b.have_flag}={v.get(b.have_flag)} "
-            f"({v.get(f'{b.name}_error', 'import succeeded here')}): flex/{b.name} would fall back silently"
-            for b in FLEX_CHECKED if b.name in present and not v.get(b.have_flag)]
+    fused_a2a did not import, so its flex path would fall back silently; a DeepEP build that
+    Megatron imports but cannot size a buffer with."""
+    out = [f"{b.package} is installed but Megatron's fused_a2a has {b.have_flag}={v.get(b.have_flag)} "
+           f"({v.get(f'{b.name}_error', 'import succeeded here')}): flex/{b.name} would fall back silently"
+           for b in FLEX_CHECKED if b.name in present and not v.get(b.have_flag)]
+    if v.get("deepep_build_problem"):
+        out.append(v["deepep_build_problem"])
+    return out
 
 
 @register("megatron", "megatron-core imports and its fused_a2a really sees DeepEP/HybridEP (no silent fallback)")

@@ -51,6 +51,12 @@ def megatron_probe() -> dict:
                 getattr(importlib.import_module(module), name)
         except Exception as e:  # noqa: BLE001
             out[f"{b.name}_error"] = f"{type(e).__name__}: {e}"
+    if out.get("HAVE_DEEP_EP"):
+        from ..backends.deepep import rdma_size_problem
+        try:
+            out["deepep_build_problem"] = rdma_size_problem()
+        except Exception as e:  # noqa: BLE001 - reported, not raised
+            out["deepep_build_problem"] = f"get_rdma_buffer_size_hint raised {type(e).__name__}: {e}"
     return out
 
 
