@@ -97,4 +97,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from moebench import cli
+    sys.exit(cli.run(main, "moebench.check"))

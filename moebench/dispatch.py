@@ -57,4 +57,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from moebench import cli
+    sys.exit(cli.run(main, "moebench.dispatch"))

@@ -318,4 +318,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from moebench import cli
+    sys.exit(cli.run(main, "moebench.permute"))
