@@ -23,7 +23,7 @@ import sys
 import torch
 
 import moebench.ops as ops
-from moebench import results
+from moebench import cli, results
 from moebench.record import PermuteRecord
 from moebench.timing import Timer, host_us, kernel_profile, write_trace
 from moebench.workload import Workload, WorkloadError, rank_inputs
@@ -290,6 +290,9 @@ def main(argv=None) -> int:
         shapes = parse_shapes(a.shapes or (DEFAULT_SHAPES if device.type == "cuda" else CPU_SHAPES))
         for T, H, K, E in shapes:
             Workload(num_tokens=T, hidden=H, num_experts=E, topk=K, ep=1, dtype=a.dtype)   # bad shape: exit 2
+        bad_out = cli.first_output_problem([(a.out, "--out"), (a.plot, "--plot")])
+        if bad_out:
+            raise UsageError(bad_out)
     except (UsageError, WorkloadError) as e:
         print(f"moebench.permute: {e}", file=sys.stderr)
         return 2
@@ -318,5 +321,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from moebench import cli
     sys.exit(cli.run(main, "moebench.permute"))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import knobs, record
+from . import cli, knobs, record
 from .record import PHASES, read_dispatch
 from .workload import describe
 
@@ -326,6 +326,9 @@ def _compare_inputs(args) -> tuple[list[dict], list[dict], str, str, bool]:
 
 
 def run(args) -> int:
+    bad_out = cli.output_problem(args.plot, "--plot")
+    if bad_out:
+        raise ReportError(bad_out)
     if args.compare:
         ra, rb, la, lb, by_backend = _compare_inputs(args)
         ra, rb = record.performance_only(ra, "report --compare"), record.performance_only(rb, "report --compare")
@@ -365,5 +368,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from moebench import cli
     sys.exit(cli.run(main, "moebench.report"))
