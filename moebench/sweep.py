@@ -140,17 +140,6 @@ def read_existing(path: str) -> list[dict]:
     return read_dispatch([path]) if Path(path).is_file() else []
 
 
-def _ensure_newline(path: str) -> None:
-    p = Path(path)
-    if p.is_file() and p.stat().st_size:
-        with p.open("rb") as f:
-            f.seek(-1, os.SEEK_END)
-            last = f.read(1)
-        if last != b"\n":
-            with p.open("a") as f:
-                f.write("\n")
-
-
 def label(s: Sweep, case: Case) -> str:
     w = case.w
     extra = [f"{k}={w.asdict()[k]}" for k in s.axes if k not in ("num_tokens",) and len(s.axes[k]) > 1]
@@ -193,6 +182,7 @@ class SweepState:
         self.failed: set[str] = set()
         self.done = done_keys(records, redo_failed)
         self.seconds = 0.0
+        self.waivers: set | None = None
 
     def stop(self) -> bool:
         return self.max_cases is not None and self.ran >= self.max_cases
@@ -213,8 +203,7 @@ class SweepState:
             print(f"    skipped: {e}")
             return
         self.seconds += time.monotonic() - t0
-        _ensure_newline(self.base.out)
-        results.write_jsonl(self.base.out, recs)
+        results.write_jsonl(self.base.out, [r for r in recs if not self.repeats_waiver(r)])
         self.records += recs
         self.done |= done_keys(recs, self.redo_failed)     # keys only grow: no rescan of all records
         self.ran += 1
@@ -223,11 +212,26 @@ class SweepState:
             if record.status(r) == "FAIL":
                 self.failed.add(label(self.s, case))
 
+    def repeats_waiver(self, r: dict) -> bool:
+        """A WAIVED record the file already holds (same case, phase and reason): not appended again."""
+        if record.status(r) != "WAIVED":
+            return False
+        if self.waivers is None:
+            self.waivers = {_waiver_key(x) for x in self.records if record.status(x) == "WAIVED"}
+        key = _waiver_key(r)
+        seen = key in self.waivers
+        self.waivers.add(key)
+        return seen
+
     def best(self, case: Case) -> dict:
         mine = [r for r in self.records if r.get("workload") == case.w.asdict()
                 and r.get("backend", {}).get("name") == case.backend]
         entries = best_knobs(mine)
         return entries[0]["knobs"] if entries else {}
+
+
+def _waiver_key(r: dict) -> tuple:
+    return ((r.get("sweep") or {}).get("case"), r.get("phase"), record.error(r))
 
 
 def done_keys(records: list[dict], redo_failed: bool = False) -> set[str]:
