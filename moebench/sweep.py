@@ -101,6 +101,12 @@ def load(name: str) -> Sweep:
     if missing:
         raise WorkloadError(f"sweep {path}: missing {', '.join(missing)}")
     axes = {k: (raw[k] if isinstance(raw[k], list) else [raw[k]]) for k in SHAPE_KEYS if k in raw}
+    for k, values in axes.items():
+        want = str if k in ("routing", "dtype") else int
+        bad = [v for v in values if not isinstance(v, want) or isinstance(v, bool)]
+        if bad:
+            raise WorkloadError(f"sweep {path}: {k} must be {'a string' if want is str else 'an integer'} "
+                                f"(or a list of them), got {bad[0]!r}")
     knobs = raw.get("knobs", {})
     if not isinstance(knobs, dict) or not all(isinstance(v, dict) for v in knobs.values()):
         raise WorkloadError(f"sweep {path}: [knobs.BACKEND] tables expected")
