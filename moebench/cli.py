@@ -58,3 +58,19 @@ def output_problem(path: str | None, flag: str) -> str:
 def first_output_problem(pairs) -> str:
     """The first problem of several (path, flag) outputs, or ''."""
     return next((m for m in (output_problem(p, f) for p, f in pairs) if m), "")
+
+
+def sig3(v) -> str:
+    """A figure for a table (GB/s, us, fractions): three significant digits whatever its size
+    (0.00213, 2.13, 213, 2130); '-' for None, 'nan' for NaN, other values as str."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if v != v:
+        return "nan"
+    if v == 0:
+        return "0"
+    if abs(v) >= 100:
+        return f"{float(f'{v:.3g}'):.0f}"
+    return f"{v:#.3g}".rstrip(".") if "e" not in f"{v:#.3g}" else f"{v:.3g}"

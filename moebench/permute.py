@@ -251,8 +251,8 @@ def format_table(recs) -> str:
         s = r["shape"]
         t = r.get("timing", {})
         rows.append([f"{s['T']}x{s['H']}x{s['K']}x{s['E']}", r["op"], r["impl"],
-                     f"{t['median_us']:.1f}" if t else "-", f"{r['GBps']:.0f}" if t else "-",
-                     f"{r['frac_of_copy']:.3f}" if t else "-",
+                     cli.sig3(t['median_us']) if t else "-", cli.sig3(r['GBps']) if t else "-",
+                     cli.sig3(r['frac_of_copy']) if t else "-",
                      f"{r['speedup_vs_megatron']:.2f}" if "speedup_vs_megatron" in r else "-",
                      r["check"]["status"] + (f" ({r['check']['error'][:60]})" if r["check"]["error"] else "")])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]

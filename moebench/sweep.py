@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import record, results
+from .cli import sig3
 from .knobs import best_knobs, format_best, knobs_of
 from .record import read_dispatch
 from .runner import run_case
@@ -171,8 +172,8 @@ def run_tagged(run: RunSpec, s: Sweep, case: Case) -> list[dict]:
 
 def _summary_line(r: dict) -> str:
     t, tr = record.timing(r), record.traffic(r)
-    med = f"{t['median_us']:10.1f} us" if t.get("median_us") is not None else "         - us"
-    bw = f"busbw {tr['busbw_GBps']:8.3g} GB/s" if tr.get("busbw_GBps") is not None else ""
+    med = f"{sig3(t['median_us']):>10} us" if t.get("median_us") is not None else "         - us"
+    bw = f"busbw {sig3(tr['busbw_GBps']):>8} GB/s" if tr.get("busbw_GBps") is not None else ""
     err = f" ({r['check']['error']})" if r["check"].get("error") else ""
     return f"    {r['phase']:<9}{med}  {bw}  {r['check']['status']}{err}"
 
