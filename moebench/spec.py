@@ -63,7 +63,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks-per-gpu", type=int, default=1, metavar="N",
                    help="shared-GPU ranks: N EP ranks per GPU (gloo group, CUDA IPC on one device), to run real "
                         "backends on fewer GPUs than EP ranks; functional only, never performance figures")
-    p.add_argument("--out", default="moebench-dispatch.jsonl", help="JSONL file to append to")
+    p.add_argument("--out", default="moebench-dispatch.jsonl", help="JSONL file to append to (default: ./moebench-dispatch.jsonl)")
     p.add_argument("--ceiling-gbps", type=float, help="override the nominal per-GPU link ceiling")
     p.add_argument("--num-sms", type=int, help="SMs for deepep/hybridep kernels")
     p.add_argument("--ops-impl", default="auto", choices=OPS_IMPLS,
