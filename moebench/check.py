@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import checks, results
+from . import checks, cli, results
 from .checks import baseline, output
 from .checks.registry import FAIL, REGISTRY, Context, SelectionError
 
@@ -59,6 +59,9 @@ def _validate(args) -> None:
             raise SelectionError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
     if args.timeout <= 0 or args.threshold < 0:
         raise SelectionError("--timeout must be > 0 and --threshold >= 0")
+    bad_out = cli.first_output_problem([(args.out, "--out"), (args.junit, "--junit")])
+    if bad_out:
+        raise SelectionError(bad_out)
     for f in [args.baseline, *(args.results or [])]:
         if f:
             try:
@@ -97,4 +100,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, "moebench.check"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import record, results, spec, sweep
+from . import cli, record, results, spec, sweep
 from .launch import joined_env
 from .runner import run_case
 from .spec import RunSpec
@@ -25,6 +25,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    bad_out = cli.output_problem(args.out, "--out")
+    if bad_out:
+        print(f"moebench.dispatch: error: {bad_out}", file=sys.stderr)
+        return 2
     if args.sweep:
         return sweep.main_sweep(args)
     try:
@@ -57,4 +61,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, "moebench.dispatch"))

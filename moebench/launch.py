@@ -16,7 +16,9 @@ import contextlib
 import datetime
 import os
 import queue
+import signal
 import socket
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -137,7 +139,33 @@ def _init(rank: int, world: int, local_rank: int, device_type: str, timeout_s: f
     return RankContext(rank, world, device, dist.group.WORLD, local_rank, ranks_per_gpu)
 
 
-def _child(rank, world, device_type, timeout_s, port, fn, args, results, ranks_per_gpu=1):
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """A rank never outlives the run that started it (SIGKILL or SIGTERM to the parent): the kernel's
+    parent-death signal (Linux prctl), and a watchdog thread on the parent pid where that is missing.
+    SIGINT is left to the parent, which ends the ranks itself (one line, no rank tracebacks)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.getppid() != parent_pid:          # the parent died before prctl took hold
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="moebench-parent-watch").start()
+
+
+def _watch_parent(parent_pid: int, every_s: float = 1.0) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(every_s)
+    os._exit(1)
+
+
+def _child(rank, world, device_type, timeout_s, port, fn, args, results, ranks_per_gpu=1, parent_pid=None):
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
         ctx = _init(rank, world, rank, device_type, timeout_s, ranks_per_gpu)
@@ -159,7 +187,8 @@ def run_ranks(fn, world: int, device_type: str = "cpu", timeout_s: float = 300.0
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(r, world, device_type, timeout_s, port, fn, args, results, ranks_per_gpu),
+    procs = [ctx.Process(target=_child, args=(r, world, device_type, timeout_s, port, fn, args, results, ranks_per_gpu,
+                                                  os.getpid()),
                          daemon=True) for r in range(world)]
     for p in procs:
         p.start()

@@ -16,7 +16,7 @@ import json
 import sys
 
 from . import flags as F
-from . import results
+from . import cli, results
 from .megatron_map import BACKENDS, CONTROL
 from .record import FUNCTIONAL_NOTE, performance_only, read_dispatch
 from .toolkit import dist_version, installed
@@ -170,6 +170,9 @@ def _row(role: str, r: dict) -> list[str]:
 
 def cmd_validate(args, argv) -> int:
     spec = _validate_spec(args)
+    bad_out = cli.output_problem(args.out, "--out")
+    if bad_out:
+        raise F.FlagsError(bad_out)
     device, world = _validate_env(args)
     if device == "cpu":
         print("# CPU functional run (CUDA calls emulated): not a measurement and not a validation")
@@ -223,4 +226,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, "moebench.megatron"))

@@ -23,7 +23,7 @@ import sys
 import torch
 
 import moebench.ops as ops
-from moebench import results
+from moebench import cli, results
 from moebench.record import PermuteRecord
 from moebench.timing import Timer, host_us, kernel_profile, write_trace
 from moebench.workload import Workload, WorkloadError, rank_inputs
@@ -251,8 +251,8 @@ def format_table(recs) -> str:
         s = r["shape"]
         t = r.get("timing", {})
         rows.append([f"{s['T']}x{s['H']}x{s['K']}x{s['E']}", r["op"], r["impl"],
-                     f"{t['median_us']:.1f}" if t else "-", f"{r['GBps']:.0f}" if t else "-",
-                     f"{r['frac_of_copy']:.3f}" if t else "-",
+                     cli.sig3(t['median_us']) if t else "-", cli.sig3(r['GBps']) if t else "-",
+                     cli.sig3(r['frac_of_copy']) if t else "-",
                      f"{r['speedup_vs_megatron']:.2f}" if "speedup_vs_megatron" in r else "-",
                      r["check"]["status"] + (f" ({r['check']['error'][:60]})" if r["check"]["error"] else "")])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
@@ -290,6 +290,9 @@ def main(argv=None) -> int:
         shapes = parse_shapes(a.shapes or (DEFAULT_SHAPES if device.type == "cuda" else CPU_SHAPES))
         for T, H, K, E in shapes:
             Workload(num_tokens=T, hidden=H, num_experts=E, topk=K, ep=1, dtype=a.dtype)   # bad shape: exit 2
+        bad_out = cli.first_output_problem([(a.out, "--out"), (a.plot, "--plot")])
+        if bad_out:
+            raise UsageError(bad_out)
     except (UsageError, WorkloadError) as e:
         print(f"moebench.permute: {e}", file=sys.stderr)
         return 2
@@ -318,4 +321,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, "moebench.permute"))

@@ -250,4 +250,5 @@ def _read(paths: list[str]) -> list[dict]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from moebench import cli
+    sys.exit(cli.run(main, "moebench.plan"))

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import knobs, record
+from . import cli, knobs, record
+from .cli import sig3
 from .record import PHASES, read_dispatch
 from .workload import describe
 
@@ -56,13 +57,12 @@ def latest(records: list[dict]) -> list[dict]:
     return list(seen.values())
 
 
-def _f(v, nd=1) -> str:
-    return "-" if v is None else (f"{v:.{nd}f}" if isinstance(v, (int, float)) and v == v else str(v))
+def _f(v, nd=None) -> str:
+    """Times, GB/s and fractions: three significant digits (cli.sig3)."""
+    return sig3(v)
 
 
-def _gb(v) -> str:
-    """GB/s: three significant digits below 100 (CPU runs are tiny), whole numbers above."""
-    return "-" if v is None else (f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}")
+_gb = _f
 
 
 TABLE_HEAD = ("T", "backend", "knobs", "phase", "median us", "p10-p90 us", "algbw GB/s", "busbw GB/s",
@@ -326,6 +326,9 @@ def _compare_inputs(args) -> tuple[list[dict], list[dict], str, str, bool]:
 
 
 def run(args) -> int:
+    bad_out = cli.output_problem(args.plot, "--plot")
+    if bad_out:
+        raise ReportError(bad_out)
     if args.compare:
         ra, rb, la, lb, by_backend = _compare_inputs(args)
         ra, rb = record.performance_only(ra, "report --compare"), record.performance_only(rb, "report --compare")
@@ -365,4 +368,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, "moebench.report"))

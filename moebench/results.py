@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from . import record
+from .cli import sig3
 from .toolkit import dist_version
 
 ENV_ALLOWLIST = ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "NCCL_PROTO", "NCCL_ALGO", "NCCL_IB_HCA",
@@ -88,17 +89,23 @@ def write_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
     p = Path(path)
     if p.parent != Path(""):
         p.parent.mkdir(parents=True, exist_ok=True)
+    ensure_newline(p)                  # a line cut short by a killed run stays its own (skipped) line
     with p.open("a") as f:
         for r in records:
-            f.write(json.dumps(r, default=str) + "\n")
+            f.write(json.dumps(r, default=str) + "\n")   # one write per whole line, flushed
+            f.flush()
 
 
-def _fmt(v, nd=1):
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{nd}f}" if v == v else "nan"
-    return str(v)
+def ensure_newline(path: str | os.PathLike) -> None:
+    """End a non-empty file with a newline, so the next record starts a line of its own."""
+    p = Path(path)
+    if p.is_file() and p.stat().st_size:
+        with p.open("rb") as f:
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+        if last != b"\n":
+            with p.open("a") as f:
+                f.write("\n")
 
 
 TABLE_COLUMNS = ("backend", "phase", "median us", "p90 us", "algbw GB/s", "busbw GB/s", "wirebw GB/s",
@@ -114,9 +121,9 @@ def table_rows(records: list[dict]) -> list[list[str]]:
         check = record.status(r) + (f" ({err})" if err else "")
         if t and record.is_functional(r):      # CPU/gloo or shared-GPU ranks: the times are no measurement
             check += " [functional only]"
-        rows.append([record.name(r), r["phase"], _fmt(t.get("median_us")), _fmt(t.get("p90_us")),
-                     _fmt(tr.get("algbw_GBps")), _fmt(tr.get("busbw_GBps")), _fmt(tr.get("wirebw_GBps")),
-                     _fmt(tr.get("frac_of_ceiling"), 3), check])
+        rows.append([record.name(r), r["phase"], sig3(t.get("median_us")), sig3(t.get("p90_us")),
+                     sig3(tr.get("algbw_GBps")), sig3(tr.get("busbw_GBps")), sig3(tr.get("wirebw_GBps")),
+                     sig3(tr.get("frac_of_ceiling")), check])
     return rows
 
 

@@ -17,7 +17,7 @@ from .launch import LaunchError, RankContext, environment, run_ranks
 from .record import DispatchRecord
 from .spec import Options, RunSpec
 from .timing import Timer, kernel_profile
-from .workload import Workload, make_routing, rank_inputs
+from .workload import Workload, WorkloadError, make_routing, rank_inputs
 
 
 def _result(status: str, error: str = "") -> dict:
@@ -160,8 +160,8 @@ def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print,
     recs, measured = [], None
     for name in spec.backends:
         start = results.utc_now()
-        ok, why = base.get(name).available()
-        if not ok:
+        why = waiver(name, w, opts)
+        if why:
             res = _result("WAIVED", why)
         else:
             progress(f"# running {name} on EP {w.ep} ...")
@@ -173,6 +173,20 @@ def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print,
             continue
         recs += build_records(w, name, res, t, measured, opts, argv, start)
     return recs
+
+
+def waiver(name: str, w: Workload, opts: Options) -> str:
+    """Why a backend is WAIVED before any rank starts ('' when it runs): its package is missing, or
+    it cannot take this shape (with `--backend all`; a named backend that cannot is bad input)."""
+    cls = base.get(name)
+    ok, why = cls.available()
+    if not ok:
+        return why
+    try:
+        cls(knob_values=dict(opts.knobs)).validate(w, w.ep)
+    except WorkloadError as e:
+        return f"cannot take this run: {e}"
+    return ""
 
 
 def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:

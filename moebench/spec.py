@@ -63,7 +63,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks-per-gpu", type=int, default=1, metavar="N",
                    help="shared-GPU ranks: N EP ranks per GPU (gloo group, CUDA IPC on one device), to run real "
                         "backends on fewer GPUs than EP ranks; functional only, never performance figures")
-    p.add_argument("--out", default="moebench-dispatch.jsonl", help="JSONL file to append to")
+    p.add_argument("--out", default="moebench-dispatch.jsonl", help="JSONL file to append to (default: ./moebench-dispatch.jsonl)")
     p.add_argument("--ceiling-gbps", type=float, help="override the nominal per-GPU link ceiling")
     p.add_argument("--num-sms", type=int, help="SMs for deepep/hybridep kernels")
     p.add_argument("--ops-impl", default="auto", choices=OPS_IMPLS,
@@ -105,6 +105,7 @@ class RunSpec:
     def from_args(cls, args, workload: Workload | None = None) -> RunSpec:
         """From parsed dispatch flags; `workload` replaces the flags' shape (sweeps). Bad input
         raises WorkloadError."""
+        check_options(args)
         rpg = args.ranks_per_gpu
         device, note = pick_device(args.device, args.ep, rpg)
         cpu = device == "cpu"
@@ -113,7 +114,7 @@ class RunSpec:
             knobs["num_sms"] = args.num_sms
         knobs.update(parse_knob(kv) for kv in args.knob)
         return cls(workload=workload or _workload(args, cpu), backends=tuple(base.parse_backends(args.backend)),
-                   explicit=args.backend != "all", device=device, iters=args.iters or (5 if cpu else 20),
+                   explicit=args.backend != "all", device=device, iters=args.iters if args.iters is not None else (5 if cpu else 20),
                    warmup_ms=args.warmup_ms if args.warmup_ms is not None else (0.0 if cpu else 200.0),
                    flush_l2=not args.no_flush_l2, timeout_s=args.timeout, knobs=knobs,
                    ceiling_gbps=args.ceiling_gbps, profile=args.profile, ranks_per_gpu=rpg, out=args.out,
@@ -162,6 +163,21 @@ class RunSpec:
         if self.ranks_per_gpu != 1:
             argv += ["--ranks-per-gpu", self.ranks_per_gpu]
         return [str(a) for a in argv]
+
+
+OPTION_RULES = (("iters", 1, "must be >= 1"), ("timeout", 0, "must be > 0"), ("warmup_ms", 0, "must be >= 0"),
+                ("ceiling_gbps", 0, "must be > 0"), ("max_cases", 1, "must be >= 1"))
+
+
+def check_options(args) -> None:
+    """Bad option values raise WorkloadError naming the flag (never silently replaced)."""
+    for name, low, rule in OPTION_RULES:
+        v = getattr(args, name, None)
+        if v is None:
+            continue
+        bad = v != v or (v <= low if rule.endswith("> 0") else v < low)
+        if bad:
+            raise WorkloadError(f"--{name.replace('_', '-')} {rule}, got {v}")
 
 
 def _workload(args, cpu: bool) -> Workload:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import record, results
+from .cli import sig3
 from .knobs import best_knobs, format_best, knobs_of
 from .record import read_dispatch
 from .runner import run_case
@@ -101,6 +102,12 @@ def load(name: str) -> Sweep:
     if missing:
         raise WorkloadError(f"sweep {path}: missing {', '.join(missing)}")
     axes = {k: (raw[k] if isinstance(raw[k], list) else [raw[k]]) for k in SHAPE_KEYS if k in raw}
+    for k, values in axes.items():
+        want = str if k in ("routing", "dtype") else int
+        bad = [v for v in values if not isinstance(v, want) or isinstance(v, bool)]
+        if bad:
+            raise WorkloadError(f"sweep {path}: {k} must be {'a string' if want is str else 'an integer'} "
+                                f"(or a list of them), got {bad[0]!r}")
     knobs = raw.get("knobs", {})
     if not isinstance(knobs, dict) or not all(isinstance(v, dict) for v in knobs.values()):
         raise WorkloadError(f"sweep {path}: [knobs.BACKEND] tables expected")
@@ -140,17 +147,6 @@ def read_existing(path: str) -> list[dict]:
     return read_dispatch([path]) if Path(path).is_file() else []
 
 
-def _ensure_newline(path: str) -> None:
-    p = Path(path)
-    if p.is_file() and p.stat().st_size:
-        with p.open("rb") as f:
-            f.seek(-1, os.SEEK_END)
-            last = f.read(1)
-        if last != b"\n":
-            with p.open("a") as f:
-                f.write("\n")
-
-
 def label(s: Sweep, case: Case) -> str:
     w = case.w
     extra = [f"{k}={w.asdict()[k]}" for k in s.axes if k not in ("num_tokens",) and len(s.axes[k]) > 1]
@@ -176,8 +172,8 @@ def run_tagged(run: RunSpec, s: Sweep, case: Case) -> list[dict]:
 
 def _summary_line(r: dict) -> str:
     t, tr = record.timing(r), record.traffic(r)
-    med = f"{t['median_us']:10.1f} us" if t.get("median_us") is not None else "         - us"
-    bw = f"busbw {tr['busbw_GBps']:8.3g} GB/s" if tr.get("busbw_GBps") is not None else ""
+    med = f"{sig3(t['median_us']):>10} us" if t.get("median_us") is not None else "         - us"
+    bw = f"busbw {sig3(tr['busbw_GBps']):>8} GB/s" if tr.get("busbw_GBps") is not None else ""
     err = f" ({r['check']['error']})" if r["check"].get("error") else ""
     return f"    {r['phase']:<9}{med}  {bw}  {r['check']['status']}{err}"
 
@@ -193,6 +189,7 @@ class SweepState:
         self.failed: set[str] = set()
         self.done = done_keys(records, redo_failed)
         self.seconds = 0.0
+        self.waivers: set | None = None
 
     def stop(self) -> bool:
         return self.max_cases is not None and self.ran >= self.max_cases
@@ -213,8 +210,7 @@ class SweepState:
             print(f"    skipped: {e}")
             return
         self.seconds += time.monotonic() - t0
-        _ensure_newline(self.base.out)
-        results.write_jsonl(self.base.out, recs)
+        results.write_jsonl(self.base.out, [r for r in recs if not self.repeats_waiver(r)])
         self.records += recs
         self.done |= done_keys(recs, self.redo_failed)     # keys only grow: no rescan of all records
         self.ran += 1
@@ -223,11 +219,26 @@ class SweepState:
             if record.status(r) == "FAIL":
                 self.failed.add(label(self.s, case))
 
+    def repeats_waiver(self, r: dict) -> bool:
+        """A WAIVED record the file already holds (same case, phase and reason): not appended again."""
+        if record.status(r) != "WAIVED":
+            return False
+        if self.waivers is None:
+            self.waivers = {_waiver_key(x) for x in self.records if record.status(x) == "WAIVED"}
+        key = _waiver_key(r)
+        seen = key in self.waivers
+        self.waivers.add(key)
+        return seen
+
     def best(self, case: Case) -> dict:
         mine = [r for r in self.records if r.get("workload") == case.w.asdict()
                 and r.get("backend", {}).get("name") == case.backend]
         entries = best_knobs(mine)
         return entries[0]["knobs"] if entries else {}
+
+
+def _waiver_key(r: dict) -> tuple:
+    return ((r.get("sweep") or {}).get("case"), r.get("phase"), record.error(r))
 
 
 def done_keys(records: list[dict], redo_failed: bool = False) -> set[str]:

@@ -72,9 +72,12 @@ class Routing:
 
 def _number(text: str, spec: str, kind):
     try:
-        return kind(text)
+        v = kind(text)
     except ValueError:
         raise WorkloadError(f"bad number {text!r} in routing {spec!r}") from None
+    if v != v or v in (float("inf"), float("-inf")):
+        raise WorkloadError(f"--routing {spec!r}: {text!r} is not a finite number")
+    return v
 
 
 @dataclass(frozen=True)
@@ -198,9 +201,12 @@ def load_trace(path: str, topk: int, num_experts: int) -> torch.Tensor:
             t = torch.load(p, map_location="cpu", weights_only=True)
             t = t["topk_idx"] if isinstance(t, dict) else t
     except Exception as e:  # noqa: BLE001 - any read failure is one clear line
-        raise WorkloadError(f"cannot read routing trace {path}: {type(e).__name__}: {e}") from None
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise WorkloadError(f"cannot read routing trace {path}: {type(e).__name__}: {first}") from None
     if not isinstance(t, torch.Tensor) or t.dim() not in (2, 3) or t.shape[-1] != topk:
         raise WorkloadError(f"trace {path}: need topk_idx of shape [N, {topk}] or [W, T, {topk}]")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise WorkloadError(f"trace {path}: expert ids must be integers, got {t.dtype}")
     t = t.reshape(-1, topk).to(torch.int64)
     if t.numel() == 0 or t.max() >= num_experts or t.min() < -1:
         raise WorkloadError(f"trace {path}: expert ids must lie in [-1, {num_experts})")

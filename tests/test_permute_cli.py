@@ -6,6 +6,7 @@ import json
 import pytest
 
 from moebench import permute
+from moebench.toolkit import installed
 
 
 def test_cpu_run_writes_records(tmp_path, capsys):
@@ -22,6 +23,9 @@ def test_cpu_run_writes_records(tmp_path, capsys):
     t = next(r for r in recs if r["impl"] == "torch" and r["op"] == "permute")
     assert t["bytes"] == (32 + t["shape"]["R"]) * 64 * 2 and t["timing"]["iters"] == 2
     mega = [r for r in recs if r["impl"] == "megatron"]
+    if not installed("megatron.core"):                     # the rest needs megatron-core
+        assert mega and {r["check"]["status"] for r in mega} == {"WAIVED"}
+        return
     assert "permute_wait" not in {r["op"] for r in mega}   # megatron needs the row count
     if mega and mega[0]["check"]["status"] == "PASS":
         assert "speedup_vs_megatron" in next(r for r in recs if r["impl"] == "torch"

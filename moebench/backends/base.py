@@ -148,6 +148,8 @@ def parse_backends(spec: str) -> list[str]:
     if spec == "all":
         return list(REGISTRY)
     out = [s.strip() for s in spec.split(",") if s.strip()]
+    if not out:
+        raise WorkloadError(f"--backend names no backend (give all, or a list of: {', '.join(REGISTRY)})")
     for n in out:
         if n not in REGISTRY:
             raise WorkloadError(f"unknown backend {n!r} (known: all, {', '.join(REGISTRY)})")
