@@ -92,7 +92,9 @@ def error_line(stderr: str) -> str:
     if said:
         return said[-1]
     if fatal is not None:
-        frames = [l for l in lines[fatal:] if l.startswith("File ")]
+        tail = lines[fatal:]   # the crashed thread's frames follow "Current thread", other threads' precede it
+        cur = next((i for i, l in enumerate(tail) if l.startswith("Current thread")), 0)
+        frames = [l for l in tail[cur:] if l.startswith("File ")]
         stdlib = f'File "{sysconfig.get_paths()["stdlib"]}/'
         frame = next((l for l in frames if not l.startswith(stdlib) or "site-packages" in l), frames[0] if frames else "")
         where = f" at {frame.removeprefix('File ')}" if frame else ""
