@@ -226,13 +226,12 @@ def _collect(procs, results, world: int, timeout_s: float) -> list:
             raise LaunchError(f"ranks {missing} did not finish within {timeout_s:.0f} s (timeout)", crash="hang")
     if len(got) == world:
         return [got[r] for r in range(world)]
-    crashed = [f"rank {r} died with exit code {p.exitcode} ({_signal_name(p.exitcode)}) before reporting"
-               for r, p in enumerate(procs) if r not in got and r not in errors and p.exitcode not in (None, 0)]
+    dead = [(r, p.exitcode, _signal_name(p.exitcode)) for r, p in enumerate(procs)
+            if r not in got and r not in errors and p.exitcode not in (None, 0)]
+    crashed = [f"rank {r} died with exit code {code} ({how}) before reporting" for r, code, how in dead]
     failed = [f"rank {r} failed: {e}" for r, e in sorted(errors.items())]
-    signals = [_signal_name(p.exitcode) for r, p in enumerate(procs)
-               if r not in got and r not in errors and p.exitcode not in (None, 0)]
     raise LaunchError("; ".join(crashed + failed) or "ranks stopped without reporting",
-                      crash=next((s_ for s_ in signals if s_.startswith("SIG")), None))
+                      crash=next((how for _, _, how in dead if how.startswith("SIG")), None))
 
 
 def _signal_name(code: int) -> str:
