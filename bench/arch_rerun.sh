@@ -5,13 +5,7 @@
 #   MOEBENCH_GIT_SHA=<sha> bash bench/arch_rerun.sh
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; exec > >(tee -a "$OUT/${LOG_NAME:-arch-rerun-h200.txt}") 2>&1
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" NCCL_NVLS_ENABLE=0
-export MOEBENCH_EXT_DIR="${MOEBENCH_EXT_DIR:-/tmp/moebench-ext}"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
-t0=$(date +%s); step() { echo "### $1 ($(( $(date +%s) - t0 )) s)"; }
+source bench/device_env.sh
 step build; python3 -c "import moebench.ops as o; print(o.impl_status())" 2>&1 | tail -2
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   step "gpu tests (ops, timing)"; timeout 150 python3 -m pytest -q -m gpu -x -p no:cacheprovider tests/test_ops_gpu.py tests/test_timing.py 2>&1 | tail -4

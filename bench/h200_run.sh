@@ -5,13 +5,7 @@
 #   MOEBENCH_GIT_SHA=<sha> bash bench/h200_run.sh      (writes under $OUT)
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" NCCL_NVLS_ENABLE=0
-export MOEBENCH_EXT_DIR="${MOEBENCH_EXT_DIR:-/tmp/moebench-ext}"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
-t0=$(date +%s); step() { echo "### $1 ($(( $(date +%s) - t0 )) s)"; }
+source bench/device_env.sh
 step "build"; python3 -c "import moebench.ops as o; print(o.impl_status())" 2>&1 | tail -2
 D="python3 -m moebench.dispatch --ep 1 --device cuda --out $OUT/h200-dispatch.jsonl"
 step "dispatch"; $D --backend alltoall,mcore-alltoall 2>&1 | tail -6; $D --backend alltoall --dtype fp8 2>&1 | tail -3

@@ -6,13 +6,9 @@
 #   MOEBENCH_GIT_SHA=<sha> bash bench/shared_gpu_run.sh
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; exec > >(tee -a "$OUT/${LOG_NAME:-shared-gpu-h200.txt}") 2>&1
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-BASE="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl && BASE="$BASE:/tmp/site"
-fi
-t0=$(date +%s); step() { echo "### $1 ($(( $(date +%s) - t0 )) s)"; }
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+source bench/device_env.sh
+BASE=$PYTHONPATH
 mkdir -p /tmp/deepep && cat .ext/deepep-build/deepep-build.tar.xz.* | tar -xJ -C /tmp/deepep
 FIX=syslink bash bench/deepep_build.sh .ext/DeepEP > /tmp/build-syslink.log 2>&1 & BUILD=$!
 use() { export PYTHONPATH="$BASE:/tmp/deepep/$1"; }   # which DeepEP build the next commands see
