@@ -80,6 +80,9 @@ class Backend:
     knob_values: dict = field(default_factory=dict)   # e.g. {"num_sms": 24} from the CLI
     shared_gpu: bool = False      # set by the runner: ranks share GPUs (gloo group, CUDA IPC on one device)
     bypassed: list = field(default_factory=list)      # checks skipped for shared-GPU ranks, named in the record
+    # Timing view `kernel`: substrings of the profiler names of this backend's communication kernels
+    # (the local permute and weighting kernels are not among them); () = no kernel view.
+    comm_kernels: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -111,6 +114,18 @@ class Backend:
     def extra_phases(self, x_TH, topk_idx_TK, topk_w_TK) -> dict:
         """Other timed phases as {phase: zero-arg callable}, e.g. DeepEP's layout."""
         return {}
+
+    def cached_phases(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d: Dispatched, y_RH) -> dict:
+        """Timing view `cached`: {"dispatch": fn, "combine": fn}, the calls repeated with the routing
+        handle / metadata of the checked dispatch `d` reused, as the upstream tests time them (DeepEP's
+        test_intranode, HybridEP's test). {} when the backend has no such call (the record says so)."""
+        return {}
+
+    def native_bytes(self, d: Dispatched) -> int | None:
+        """This rank's received dispatch bytes as the upstream test counts them (DeepEP and HybridEP:
+        recv_x.numel() * 2, fp8 x (1 + 4/128) / 2), from the real call's output; None when the backend
+        has no upstream rule. The runner asserts it equals moebench's byte rule for the rank."""
+        return None
 
     def dense_routing(self, topk_idx_TK, topk_w_TK):
         """routing_map_and_probs(), cached while the same, unmodified routing tensors come again:
