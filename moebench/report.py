@@ -299,6 +299,8 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="*", metavar="FILE", help="moebench JSONL files")
     p.add_argument("--plot", metavar="PNG", help="write GB/s against tokens per backend to PNG")
+    p.add_argument("--overlap-plot", metavar="PNG",
+                   help="write exposed time and GEMM slowdown against the SM knob to PNG (--overlap records)")
     p.add_argument("--metric", default="busbw", choices=METRICS, help="figure to plot (default busbw)")
     p.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two JSONL files, or two backends in FILE...")
     p.add_argument("--min-effect", type=float, default=0.01,
@@ -326,7 +328,7 @@ def _compare_inputs(args) -> tuple[list[dict], list[dict], str, str, bool]:
 
 
 def run(args) -> int:
-    bad_out = cli.output_problem(args.plot, "--plot")
+    bad_out = cli.output_problem(args.plot, "--plot") or cli.output_problem(args.overlap_plot, "--overlap-plot")
     if bad_out:
         raise ReportError(bad_out)
     if args.compare:
@@ -355,6 +357,13 @@ def run(args) -> int:
     if args.plot:
         plot(recs, args.plot, args.metric)
         print(f"{'' if args.markdown else '# '}plot: {args.plot}", file=sys.stderr if args.json else sys.stdout)
+    if args.overlap_plot:
+        from .overlap_plot import PlotError, plot as plot_overlap
+        try:
+            plot_overlap(recs, args.overlap_plot)
+        except PlotError as e:
+            raise ReportError(str(e)) from None
+        print(f"{'' if args.markdown else '# '}overlap plot: {args.overlap_plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
+from . import overlap
 from .backends import base
 from .launch import pick_device
 from .workload import DTYPES, Workload, WorkloadError
@@ -37,6 +38,7 @@ class Options:
     measure_ceiling: bool = True
     profile: bool = False                            # also record each phase's kernels (profiler)
     ranks_per_gpu: int = 1                           # > 1: shared-GPU ranks (launch.py), functional only
+    overlap: str | None = None                       # --overlap gemm[:MxNxK] (overlap.py)
 
     @property
     def functional(self) -> bool:
@@ -75,6 +77,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="store_true",
                    help="also record each phase's GPU kernels (CPU: torch ops) per call, from the profiler")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per backend launch")
+    p.add_argument("--overlap", metavar="gemm[:MxNxK]",
+                   help="also time each phase under a concurrent bf16 GEMM (default shape: received rows x hidden "
+                        "x hidden) and record exposed time and GEMM slowdown (moebench/overlap.py)")
 
 
 def parse_knob(kv: str) -> tuple[str, int | str]:
@@ -98,6 +103,7 @@ class RunSpec:
     ceiling_gbps: float | None = None
     profile: bool = False
     ranks_per_gpu: int = 1
+    overlap: str | None = None
     out: str = "moebench-dispatch.jsonl"
     note: str = field(default="", compare=False)  # what device picking wants said (CPU fallback)
 
@@ -106,6 +112,7 @@ class RunSpec:
         """From parsed dispatch flags; `workload` replaces the flags' shape (sweeps). Bad input
         raises WorkloadError."""
         check_options(args)
+        overlap.parse(args.overlap)
         rpg = args.ranks_per_gpu
         device, note = pick_device(args.device, args.ep, rpg)
         cpu = device == "cpu"
@@ -118,7 +125,7 @@ class RunSpec:
                    warmup_ms=args.warmup_ms if args.warmup_ms is not None else (0.0 if cpu else 200.0),
                    flush_l2=not args.no_flush_l2, timeout_s=args.timeout, knobs=knobs,
                    ceiling_gbps=args.ceiling_gbps, profile=args.profile, ranks_per_gpu=rpg, out=args.out,
-                   note=note)
+                   overlap=args.overlap, note=note)
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> RunSpec:
@@ -141,7 +148,8 @@ class RunSpec:
                        timeout_s=self.timeout_s,
                        knobs={k: v for k, v in self.knobs.items() if not k.startswith(ENV_KNOB)},
                        env={k[len(ENV_KNOB):]: str(v) for k, v in self.knobs.items() if k.startswith(ENV_KNOB)},
-                       ceiling_gbps=self.ceiling_gbps, profile=self.profile, ranks_per_gpu=self.ranks_per_gpu)
+                       ceiling_gbps=self.ceiling_gbps, profile=self.profile, ranks_per_gpu=self.ranks_per_gpu,
+                       overlap=self.overlap)
 
     def to_argv(self) -> list[str]:
         """The `python -m moebench.dispatch` arguments that rebuild this spec."""
@@ -162,6 +170,8 @@ class RunSpec:
         argv += ["--no-flush-l2"] * (not self.flush_l2) + ["--profile"] * self.profile
         if self.ranks_per_gpu != 1:
             argv += ["--ranks-per-gpu", self.ranks_per_gpu]
+        if self.overlap:
+            argv += ["--overlap", self.overlap]
         return [str(a) for a in argv]
 
 

@@ -135,8 +135,9 @@ def write_trace(timer: Timer, fn, path: str, n: int = 4) -> None:
 
 def kernel_profile(fn, cuda: bool, n: int = 5, top: int = 8) -> list[dict]:
     """The op's own pieces, under torch.profiler: per GPU kernel (CUDA) or per top-level torch op
-    (CPU), calls and microseconds per call of fn, largest first. fn runs once more untimed before
-    the n profiled calls; on several ranks every rank must call this (fn may hold collectives)."""
+    (CPU), calls and microseconds per call of fn, largest first (the `top` largest; 0: all). fn runs
+    once more untimed before the n profiled calls; on several ranks every rank must call this (fn
+    may hold collectives)."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     if cuda:
@@ -153,4 +154,5 @@ def kernel_profile(fn, cuda: bool, n: int = 5, top: int = 8) -> list[dict]:
               else ev.self_cpu_time_total)
         if us and ev.count:
             rows.append({"kernel": ev.key[:80], "calls_per_iter": ev.count / n, "us_per_iter": us / n})
-    return sorted(rows, key=lambda r: -r["us_per_iter"])[:top]
+    rows.sort(key=lambda r: -r["us_per_iter"])
+    return rows[:top] if top else rows

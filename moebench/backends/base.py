@@ -83,6 +83,7 @@ class Backend:
     # Timing view `kernel`: substrings of the profiler names of this backend's communication kernels
     # (the local permute and weighting kernels are not among them); () = no kernel view.
     comm_kernels: ClassVar[tuple[str, ...]] = ()
+    no_cached_view: ClassVar[str] = "this backend has no call that reuses the dispatch handle"
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
