@@ -91,21 +91,31 @@ def _once_cpu(timer: Timer, fn, gemm: Gemm) -> tuple[float, float]:
 
 
 def measure(timer: Timer, fn, gemm: Gemm, comm_alone_us: float, iters: int, warmup_ms: float) -> dict:
-    """The overlap figures of one phase (every rank calls this; the phase alone is already timed)."""
-    alone = timer.run(gemm, iters, warmup_ms)
+    """The overlap figures of one phase (every rank calls this; the phase alone is already timed).
+    The GEMM alone and the overlapped pair alternate, iteration by iteration, and the GEMM alone
+    runs on the same side stream, so clock drift and stream placement hit both alike."""
     side = torch.cuda.Stream(device=timer.device) if timer.cuda else None
+
+    def alone() -> float:
+        if side is None:
+            return timer.once(gemm)
+        with torch.cuda.stream(side):
+            return timer.once(gemm)
+
     once = (lambda: _once_cuda(timer, fn, gemm, side)) if timer.cuda else (lambda: _once_cpu(timer, fn, gemm))
+    timer.warmup(gemm, warmup_ms)
     for _ in range(2):
         once()
-    pairs = [once() for _ in range(iters)]
-    both = timer.agree_max([p[0] for p in pairs] + [p[1] for p in pairs])
-    over = stats(both[:iters], alone.timer)
-    g_over = statistics.median(both[iters:]) * 1e6
+    rows = [(alone(), *once()) for _ in range(iters)]
+    flat = timer.agree_max([v for row in rows for v in row])
+    g_alone = stats(flat[0::3], timer.timer_name)
+    over = stats(flat[1::3], timer.timer_name)
+    g_over = statistics.median(flat[2::3]) * 1e6
     return {"gemm": "x".join(map(str, gemm.shape)) + (" bf16" if timer.cuda else " fp32, sequential (CPU)"),
-            "comm_alone_us": comm_alone_us, "gemm_alone_us": alone.median_us,
+            "comm_alone_us": comm_alone_us, "gemm_alone_us": g_alone.median_us, "gemm_alone_p90_us": g_alone.p90_us,
             "overlapped_us": over.median_us, "overlapped_p10_us": over.p10_us, "overlapped_p90_us": over.p90_us,
-            "gemm_alone_p90_us": alone.p90_us, "gemm_overlapped_us": g_over,
-            "exposed_us": over.median_us - alone.median_us, "gemm_slowdown": g_over / alone.median_us}
+            "gemm_overlapped_us": g_over, "exposed_us": over.median_us - g_alone.median_us,
+            "gemm_slowdown": g_over / g_alone.median_us, "order": "GEMM alone and overlapped alternate per iteration"}
 
 
 def decide(records: list[dict], backend: str) -> dict:

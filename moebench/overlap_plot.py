@@ -1,7 +1,8 @@
 """`moebench.report --overlap-plot PNG`: exposed time and GEMM slowdown against the SM knob.
 
 One line per (backend, phase) over its knob settings (a `--knob-sweep` of num_sms, or one point
-per run); a backend without an SM knob is one point at x = 0 ("no SM knob"). Functional records
+per run); a backend without an SM knob is one point at x = 0 ("no SM knob"), and when no record
+has an SM knob each (backend, phase) is one bar. Functional records
 (CPU, shared-GPU ranks) are plotted only when nothing else is, and the title says so.
 """
 from __future__ import annotations
@@ -43,12 +44,24 @@ def plot(records: list[dict], path: str) -> None:
         raise PlotError("no PASS records with overlap figures (run moebench.dispatch --overlap gemm)")
     fig = Figure(figsize=(11, 4.2))
     ax_e, ax_s = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    for (name, phase), pts in sorted(lines.items()):
+    knobless = all(p[0] == 0 for pts in lines.values() for p in pts)   # no SM knob anywhere: one bar per line
+    keys = sorted(lines)
+    for i, key in enumerate(keys):
+        pts, label = lines[key], " ".join(key)
+        if knobless:
+            ax_e.bar(i, pts[0][1], label=label)
+            ax_s.bar(i, pts[0][2], label=label)
+            continue
         xs = [p[0] for p in pts]
-        ax_e.plot(xs, [p[1] for p in pts], marker="o", label=f"{name} {phase}")
-        ax_s.plot(xs, [p[2] for p in pts], marker="o", label=f"{name} {phase}")
-    ax_e.set(xlabel="SMs given to communication (0: no SM knob)", ylabel="exposed us (overlapped - GEMM alone)")
-    ax_s.set(xlabel="SMs given to communication (0: no SM knob)", ylabel="GEMM time overlapped / alone")
+        ax_e.plot(xs, [p[1] for p in pts], marker="o", label=label)
+        ax_s.plot(xs, [p[2] for p in pts], marker="o", label=label)
+    xlabel = "backend and phase (no SM knob)" if knobless else "SMs given to communication (0: no SM knob)"
+    for ax in (ax_e, ax_s):
+        ax.set_xlabel(xlabel)
+        if knobless:
+            ax.set_xticks(range(len(keys)), [" ".join(k) for k in keys], rotation=15, fontsize=7)
+    ax_e.set_ylabel("exposed us (overlapped - GEMM alone)")
+    ax_s.set_ylabel("GEMM time overlapped / alone")
     ax_s.axhline(1.0, color="grey", lw=0.8)
     ax_e.legend(fontsize=7)
     w = next(r["workload"] for r in records if r.get("overlap"))

@@ -69,13 +69,14 @@ class AlltoallBackend(Backend):
         # T*K rows bound the count: the permute needs no wait, its rows past the count are never sent
         p = ops.permute(x_TH, topk_idx_TK, w.num_experts, scales_TS=scales_TS, impl=self.impl, num_out_rows=T * K)
         probs_R = probs_by_row(p.row_map_TK, topk_w_TK, p.x_RH.shape[0])
-        send_counts = p.tokens_per_expert.to(torch.int64).view(W, L)
-        recv_counts = torch.empty_like(send_counts)
         if W > 1:
+            send_counts = p.tokens_per_expert.to(torch.int64).view(W, L)
+            recv_counts = torch.empty_like(send_counts)
             dist.all_to_all_single(recv_counts, send_counts, group=self.group)
-        else:
-            recv_counts.copy_(send_counts)
-        host = torch.stack([send_counts, recv_counts]).cpu()     # the one host sync (Megatron has it too)
+            host = torch.stack([send_counts, recv_counts]).cpu()     # the one host sync (Megatron has it too)
+        else:                                                        # one rank: what it sends it receives
+            recv_counts = p.tokens_per_expert.view(W, L)
+            host = recv_counts.cpu().expand(2, W, L)
         in_splits, out_splits = host[0].sum(1).tolist(), host[1].sum(1).tolist()
         S, R = sum(in_splits), sum(out_splits)
         x_R = self._a2a(p.x_RH[:S], R, out_splits, in_splits)
