@@ -28,6 +28,8 @@ except ImportError:  # pragma: no cover - Triton < 3.4 keeps its launch hooks el
     _knobs = None
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# MOEBENCH_TRITON_DIRECT=0: every launch through fn[grid](...) (the A/B of this module's saving)
+_DIRECT = os.environ.get("MOEBENCH_TRITON_DIRECT", "1") != "0"
 _cache: dict = {}          # (fn, key) -> CompiledKernel
 _constexpr: dict = {}      # fn -> tuple of bools, one per parameter
 
@@ -66,7 +68,7 @@ def key(fn, num_warps: int, args, device: int = 0) -> tuple | None:
 
 def launch(fn, grid: tuple, num_warps: int, *args) -> None:
     """fn[grid](*args, num_warps=num_warps), launched directly once the kernel is compiled."""
-    if _INTERPRET:
+    if _INTERPRET or not _DIRECT:
         fn[grid](*args, num_warps=num_warps)
         return
     dev = torch.cuda.current_device()     # Triton launches on the current device, so do we
