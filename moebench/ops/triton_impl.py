@@ -34,7 +34,8 @@ class Knobs(NamedTuple):
     copy_tma: int
     # 1 (default): the copy's loads and stores stream (evict-first loads, ".cs" stores), as the CUDA
     # bulk copy's L2 evict-first hints do; 0: plain. On the H200 the copy kernel took 146.6 vs 148.7
-    # us at T 4096, H 7168 (bench/results/permute16-h200.jsonl, triton@1024:4:1024:4:0:1).
+    # us at T 4096, H 7168 (bench/results/permute16-h200-run1.jsonl, triton@1024:4:1024:4:0:1;
+    # 143.7 vs 145.3 in run2).
     copy_cs: int
 
 
@@ -62,17 +63,11 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # ---------------------------------------------------------------- host side
 def _words(t: Tensor) -> Tensor:
     """View a contiguous [N, C] tensor as [N, W] raw words (int32 when the row allows)."""
-    t = t.contiguous()
-    rb = t.shape[1] * t.element_size()
+    b = t.contiguous().view(torch.uint8)
     for dt, size in ((torch.int32, 4), (torch.int16, 2)):
-        if rb % size == 0:
-            if t.dtype == dt:
-                return t
-            try:
-                return t.view(dt)        # one view, not two (host time per call)
-            except RuntimeError:         # e.g. a storage offset that is not a multiple of size
-                return t.view(torch.uint8).view(dt)
-    return t.view(torch.uint8)
+        if b.shape[1] % size == 0:
+            return b.view(dt)
+    return b
 
 
 def _pow2(n: int) -> int:

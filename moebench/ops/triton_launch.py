@@ -10,8 +10,9 @@ host lags the GPU the timed call waits for it (issue 16 item 3).
 ``launch(fn, grid, num_warps, *args)`` takes every kernel parameter positionally (constexprs
 too, in the kernel's order). The first call for a specialisation key goes through
 ``fn[grid](...)``, which compiles and returns the CompiledKernel; later calls with the same key
-call its launcher directly, as ``JITFunction.run`` does at its end, with tensors passed as their
-addresses (Triton's launcher takes ints for pointers and skips its per-pointer driver query). The key holds what Triton
+call its launcher directly, as ``JITFunction.run`` does at its end. (Passing tensors as their
+addresses instead, which skips the launcher's per-pointer driver query, measured no better on the
+H200: host_us 314 vs 174 in two runs, bench/results/permute16-h200-run2.jsonl; reverted.) The key holds what Triton
 specialises on (tensor dtype and 16-byte alignment; int divisibility by 16, == 1 and the i32/i64
 range; constexpr values; num_warps), so a cached kernel is only reused where Triton would pick the
 same one. Anything else (the interpreter, launch hooks such as a profiler's, an argument of
@@ -82,9 +83,6 @@ def launch(fn, grid: tuple, num_warps: int, *args) -> None:
         if k is not None and kernel is not None:
             _cache[(fn, k)] = kernel
         return
-    # tensors go in as their addresses: the launcher then neither calls data_ptr() nor asks the
-    # driver (cuPointerGetAttribute) about each pointer on every launch
-    args = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
     stream = torch._C._cuda_getCurrentRawStream(dev)
     kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
                kernel.function, kernel.packed_metadata, None, None, None, *args)
