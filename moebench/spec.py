@@ -15,12 +15,12 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .backends import base
+from .knobs import ENV_KNOB, unknown_knob
 from .launch import pick_device
 from .workload import DTYPES, Workload, WorkloadError
 
 CPU_DEFAULT_SHAPE = {"num_tokens": 256, "hidden": 1024}   # keeps --ep 8 under a minute on 2 cores
 OPS_IMPLS = ("auto", "torch", "triton", "cuda")
-ENV_KNOB = "env:"
 
 
 @dataclass
@@ -113,7 +113,11 @@ class RunSpec:
         if args.num_sms is not None:
             knobs["num_sms"] = args.num_sms
         knobs.update(parse_knob(kv) for kv in args.knob)
-        return cls(workload=workload or _workload(args, cpu), backends=tuple(base.parse_backends(args.backend)),
+        backends = tuple(base.parse_backends(args.backend))
+        bad = unknown_knob([parse_knob(kv)[0] for kv in args.knob], backends)
+        if bad:
+            raise WorkloadError(bad)
+        return cls(workload=workload or _workload(args, cpu), backends=backends,
                    explicit=args.backend != "all", device=device, iters=args.iters if args.iters is not None else (5 if cpu else 20),
                    warmup_ms=args.warmup_ms if args.warmup_ms is not None else (0.0 if cpu else 200.0),
                    flush_l2=not args.no_flush_l2, timeout_s=args.timeout, knobs=knobs,

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from . import record, results
 from .cli import sig3
-from .knobs import best_knobs, format_best, knobs_of
+from .backends.base import REGISTRY
+from .knobs import best_knobs, format_best, knobs_of, unknown_knob
 from .record import read_dispatch
 from .runner import run_case
 from .spec import RunSpec
@@ -112,6 +113,10 @@ def load(name: str) -> Sweep:
     if not isinstance(knobs, dict) or not all(isinstance(v, dict) for v in knobs.values()):
         raise WorkloadError(f"sweep {path}: [knobs.BACKEND] tables expected")
     knobs = {b: {k: (v if isinstance(v, list) else [v]) for k, v in kv.items()} for b, kv in knobs.items()}
+    for b, kv in knobs.items():
+        bad = f"unknown backend {b!r} (known: {', '.join(REGISTRY)})" if b not in REGISTRY else unknown_knob(kv, (b,), "")
+        if bad:
+            raise WorkloadError(f"sweep {path}: [knobs.{b}]: {bad.strip()}")
     if not all([*axes.values(), *(v for kv in knobs.values() for v in kv.values())]):
         raise WorkloadError(f"sweep {path}: an axis has no values")
     return Sweep(path.stem, raw.get("description", ""), axes, knobs)
