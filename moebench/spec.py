@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
+from . import preflight
 from .backends import base
 from .knobs import ENV_KNOB, unknown_knob
 from .launch import pick_device
@@ -134,10 +135,15 @@ class RunSpec:
         return dataclasses.replace(self, **changes)
 
     def check(self) -> RunSpec:
-        """Bad input raises WorkloadError: an explicitly named backend that cannot take this run."""
+        """Bad input raises WorkloadError: an explicitly named backend that cannot take this run, or
+        that would not fit in this machine's memory (preflight.py's estimate)."""
         if self.explicit:
+            opts = self.options()
             for n in self.backends:
-                base.get(n)(knob_values=self.options().knobs).validate(self.workload, self.workload.ep)
+                base.get(n)(knob_values=opts.knobs).validate(self.workload, self.workload.ep)
+                too_big = preflight.refusal(n, self.workload, opts)
+                if too_big:
+                    raise WorkloadError(too_big)
         return self
 
     def options(self) -> Options:
