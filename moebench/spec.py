@@ -179,9 +179,10 @@ OPTION_RULES = (("iters", 1, "must be >= 1"), ("timeout", 0, "must be > 0"), ("w
                 ("ceiling_gbps", 0, "must be > 0"), ("max_cases", 1, "must be >= 1"))
 
 
-def check_options(args) -> None:
-    """Bad option values raise WorkloadError naming the flag (never silently replaced)."""
-    for name, low, rule in OPTION_RULES:
+def check_options(args, rules=OPTION_RULES) -> None:
+    """Bad option values raise WorkloadError naming the flag (never silently replaced); rules are
+    (attribute, bound, "must be >= N" | "must be > N") and an absent (None) value passes."""
+    for name, low, rule in rules:
         v = getattr(args, name, None)
         if v is None:
             continue
