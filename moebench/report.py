@@ -72,7 +72,7 @@ TABLE_HEAD = ("T", "backend", "knobs", "phase", "median us", "p10-p90 us", "algb
 def _row(r: dict) -> list[str]:
     t, tr = record.timing(r), record.traffic(r)
     spread = f"{_f(t.get('p10_us'))}-{_f(t.get('p90_us'))}" if t.get("p10_us") is not None else "-"
-    check = record.status(r) + (f" ({record.error(r)[:60]})" if record.error(r) else "")
+    check = record.status(r) + (f" ({cli.shorten(record.error(r), 60)})" if record.error(r) else "")
     return [str(r["workload"]["num_tokens"]), record.name(r), knob_str(r) or "-", r["phase"],
             _f(t.get("median_us")), spread, _gb(tr.get("algbw_GBps")), _gb(tr.get("busbw_GBps")),
             _f(tr.get("frac_of_ceiling"), 3), _f(tr.get("frac_of_measured"), 3), check]
