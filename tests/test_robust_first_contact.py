@@ -42,3 +42,14 @@ def test_megatron_validate_offers_device_cpu_and_says_it_needs_a_gpu(capsys):
         assert megatron.main(["validate", "--dispatcher", "alltoall"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "needs CUDA" in err[0] and "--device cpu" in err[0], err
+
+
+def test_readme_examples_say_which_need_gpus():
+    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    blocks = text.split("```bash\n")[1:]
+    commands = [line for b in blocks for line in b.split("```")[0].splitlines()
+                if "python -m moebench" in line or line.startswith("torchrun")]
+    assert len(commands) >= 15
+    for line in commands:
+        comment = line.partition("#")[2]
+        assert "GPU" in comment or "anywhere" in comment, line
