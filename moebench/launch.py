@@ -140,6 +140,8 @@ def _init(rank: int, world: int, local_rank: int, device_type: str, timeout_s: f
 
 
 PR_SET_PDEATHSIG = 1
+OOM_HINT = (", likely out of memory (the kernel's OOM killer sends SIGKILL; lower --num-tokens, --hidden or --ep, "
+            "and see the memory estimate in moebench/preflight.py)")
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -228,7 +230,8 @@ def _collect(procs, results, world: int, timeout_s: float) -> list:
         return [got[r] for r in range(world)]
     dead = [(r, p.exitcode, _signal_name(p.exitcode)) for r, p in enumerate(procs)
             if r not in got and r not in errors and p.exitcode not in (None, 0)]
-    crashed = [f"rank {r} died with exit code {code} ({how}) before reporting" for r, code, how in dead]
+    crashed = [f"rank {r} died with exit code {code} ({how}) before reporting" + (OOM_HINT if how == "SIGKILL" else "")
+               for r, code, how in dead]
     failed = [f"rank {r} failed: {e}" for r, e in sorted(errors.items())]
     raise LaunchError("; ".join(crashed + failed) or "ranks stopped without reporting",
                       crash=next((how for _, _, how in dead if how.startswith("SIG")), None))

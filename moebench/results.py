@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from . import record
-from .cli import sig3
+from .cli import shorten, sig3
 from .toolkit import dist_version
 
 ENV_ALLOWLIST = ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "NCCL_PROTO", "NCCL_ALGO", "NCCL_IB_HCA",
@@ -125,7 +125,7 @@ def table_rows(records: list[dict]) -> list[list[str]]:
     for r in records:
         t, tr = record.timing(r), record.traffic(r)
         err = record.error(r)
-        err = err if len(err) <= 90 else err[:87] + "..."      # the whole error is in the JSONL
+        err = shorten(err, 90)      # the whole error is in the JSONL
         check = record.status(r) + (f" ({err})" if err else "")
         if t and record.is_functional(r):      # CPU/gloo or shared-GPU ranks: the times are no measurement
             check += " [functional only]"
@@ -140,9 +140,19 @@ def table_rows(records: list[dict]) -> list[list[str]]:
     return rows
 
 
+TABLE_LEGEND = ("# api/cached/kernel us: the timing views (README, Timing views): the call a training step makes, "
+                "the call with its handle reused, the communication kernels alone; algbw: received (token, rank) "
+                "pairs, local included, x bytes per token / api time; busbw: the same from other ranks only (what "
+                "crossed links); wirebw: bytes the backend really moved; frac ceil: busbw / the nominal link ceiling; "
+                "exposed us, GEMM alone us, GEMM slowdown: --overlap; '-': not timed (FAIL, WAIVED), a view the "
+                "backend has not (the JSONL says why), no ceiling (CPU, shared GPU or an unknown GPU, without "
+                "--ceiling-gbps) or no remote pairs (EP 1)")
+
+
 def format_table(records: list[dict]) -> str:
     from tabulate import tabulate
     head = list(TABLE_COLUMNS)
     if any(r.get("overlap") for r in records):
         head[-1:-1] = OVERLAP_COLUMNS
-    return tabulate(table_rows(records), headers=head, tablefmt="simple", disable_numparse=True)
+    return tabulate(table_rows(records), headers=head, tablefmt="simple", disable_numparse=True) + "
+" + TABLE_LEGEND

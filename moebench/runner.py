@@ -11,7 +11,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from . import ceilings, overlap, reference, results, traffic, views
+from . import ceilings, overlap, preflight, reference, results, traffic, views
 from .backends import base
 from .launch import LaunchError, RankContext, environment, run_ranks
 from .record import PHASES, DispatchRecord
@@ -225,7 +225,7 @@ def waiver(name: str, w: Workload, opts: Options) -> str:
         cls(knob_values=dict(opts.knobs)).validate(w, w.ep)
     except WorkloadError as e:
         return f"cannot take this run: {e}"
-    return ""
+    return preflight.waiver(name, w, opts)      # pre-launch checks: CUDA-only backends, memory (preflight.py)
 
 
 def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:

@@ -14,14 +14,14 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
-from . import overlap
+from . import overlap, preflight
 from .backends import base
+from .knobs import ENV_KNOB, unknown_knob
 from .launch import pick_device
 from .workload import DTYPES, Workload, WorkloadError
 
 CPU_DEFAULT_SHAPE = {"num_tokens": 256, "hidden": 1024}   # keeps --ep 8 under a minute on 2 cores
 OPS_IMPLS = ("auto", "torch", "triton", "cuda")
-ENV_KNOB = "env:"
 
 
 @dataclass
@@ -120,7 +120,11 @@ class RunSpec:
         if args.num_sms is not None:
             knobs["num_sms"] = args.num_sms
         knobs.update(parse_knob(kv) for kv in args.knob)
-        return cls(workload=workload or _workload(args, cpu), backends=tuple(base.parse_backends(args.backend)),
+        backends = tuple(base.parse_backends(args.backend))
+        bad = unknown_knob([parse_knob(kv)[0] for kv in args.knob], backends)
+        if bad:
+            raise WorkloadError(bad)
+        return cls(workload=workload or _workload(args, cpu), backends=backends,
                    explicit=args.backend != "all", device=device, iters=args.iters if args.iters is not None else (5 if cpu else 20),
                    warmup_ms=args.warmup_ms if args.warmup_ms is not None else (0.0 if cpu else 200.0),
                    flush_l2=not args.no_flush_l2, timeout_s=args.timeout, knobs=knobs,
@@ -137,10 +141,15 @@ class RunSpec:
         return dataclasses.replace(self, **changes)
 
     def check(self) -> RunSpec:
-        """Bad input raises WorkloadError: an explicitly named backend that cannot take this run."""
+        """Bad input raises WorkloadError: an explicitly named backend that cannot take this run, or
+        that would not fit in this machine's memory (preflight.py's estimate)."""
         if self.explicit:
+            opts = self.options()
             for n in self.backends:
-                base.get(n)(knob_values=self.options().knobs).validate(self.workload, self.workload.ep)
+                base.get(n)(knob_values=opts.knobs).validate(self.workload, self.workload.ep)
+                too_big = preflight.refusal(n, self.workload, opts)
+                if too_big:
+                    raise WorkloadError(too_big)
         return self
 
     def options(self) -> Options:
@@ -179,9 +188,10 @@ OPTION_RULES = (("iters", 1, "must be >= 1"), ("timeout", 0, "must be > 0"), ("w
                 ("ceiling_gbps", 0, "must be > 0"), ("max_cases", 1, "must be >= 1"))
 
 
-def check_options(args) -> None:
-    """Bad option values raise WorkloadError naming the flag (never silently replaced)."""
-    for name, low, rule in OPTION_RULES:
+def check_options(args, rules=OPTION_RULES) -> None:
+    """Bad option values raise WorkloadError naming the flag (never silently replaced); rules are
+    (attribute, bound, "must be >= N" | "must be > N") and an absent (None) value passes."""
+    for name, low, rule in rules:
         v = getattr(args, name, None)
         if v is None:
             continue
