@@ -154,5 +154,4 @@ def format_table(records: list[dict]) -> str:
     head = list(TABLE_COLUMNS)
     if any(r.get("overlap") for r in records):
         head[-1:-1] = OVERLAP_COLUMNS
-    return tabulate(table_rows(records), headers=head, tablefmt="simple", disable_numparse=True) + "
-" + TABLE_LEGEND
+    return tabulate(table_rows(records), headers=head, tablefmt="simple", disable_numparse=True) + "\n" + TABLE_LEGEND
