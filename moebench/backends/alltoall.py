@@ -77,7 +77,8 @@ class AlltoallBackend(Backend):
         else:                                                        # one rank: what it sends it receives
             recv_counts = p.tokens_per_expert.view(W, L)
             host = recv_counts.cpu().expand(2, W, L)
-        in_splits, out_splits = host[0].sum(1).tolist(), host[1].sum(1).tolist()
+        sent, got = host.tolist()                      # [W][L] each; plain Python from here on
+        in_splits, out_splits = [sum(row) for row in sent], [sum(row) for row in got]
         S, R = sum(in_splits), sum(out_splits)
         x_R = self._a2a(p.x_RH[:S], R, out_splits, in_splits)
         probs_recv = self._a2a(probs_R[:S], R, out_splits, in_splits)
@@ -88,7 +89,7 @@ class AlltoallBackend(Backend):
             x_R, probs_recv = sort(x_R), sort(probs_recv[:, None])[:, 0]
             scales_R = sort(scales_R) if scales_R is not None else None
         handle = _Handle(p.row_map_TK, topk_w_TK, in_splits, out_splits, recv_counts)
-        return Dispatched(x_R, host[1].sum(0).tolist(), handle, scales_R, probs_recv)
+        return Dispatched(x_R, [sum(col) for col in zip(*got)], handle, scales_R, probs_recv)
 
     def combine(self, y_RH, handle: _Handle):
         if self._sorts():
