@@ -198,6 +198,7 @@ def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
     for phase, timing in phases.items():
         b = traffic.phase_bytes(t, w, "combine" if phase == "combine" else "dispatch", cls.dedup)
         rec_traffic = {k: v for k, v in b.items()}
+        rec_traffic["upstream"] = traffic.upstream_bytes(t, w, "combine" if phase == "combine" else "dispatch")
         if timing:
             rec_traffic.update(traffic.bandwidth(b, timing["median_us"] * 1e-6))
             nominal = ceilings.ceiling_for(gpu, b["net_bytes"], opts.ceiling_gbps)
