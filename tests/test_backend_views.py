@@ -136,3 +136,23 @@ def test_low_latency_combine_writes_only_into_the_setup_buffer(sim):
     for err, again, same, garbage_left in run_ranks(ll_combine_reuse, 2, "cpu", 240, args=(small(hidden=2048),)):
         assert err == "" and again == "" and same
         assert garbage_left            # the slots nobody received stay untouched: no [E*T, H] zero-fill per call
+
+
+def test_dispatch_cli_runs_the_simulated_backends(sim, tmp_path):
+    """End to end through `python -m moebench.dispatch`: PASS records with the upstream byte figures."""
+    import os
+    import subprocess
+    import sys
+    from test_robust_run import ROOT, SMALL
+    from moebench.record import read
+    out = tmp_path / "r.jsonl"
+    env = {**os.environ, "PYTHONPATH": f"{FAKES}{os.pathsep}{ROOT}"}
+    p = subprocess.run([sys.executable, "-m", "moebench.dispatch", *SMALL, "--hidden", "2048", "--backend",
+                        "deepep,deepep-ll,hybridep", "--out", str(out)], capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    recs = read(out)
+    assert {r["backend"]["name"] for r in recs} == {"deepep", "deepep-ll", "hybridep"}
+    for r in recs:
+        assert r["check"]["status"] == "PASS", r["check"]
+        assert r["traffic"]["upstream"]["deepep_ll_bytes"] > 0 and "deepep_rdma_bytes" not in r["traffic"]["upstream"]
