@@ -686,6 +686,8 @@ int bulk_copy(const CopyArgs& a, int variant, int dev, cudaStream_t st) {
   return bulk_hints<3>(a, chunk, nchunk, variant, dev, st);
 }
 
+#include "permute_gather.cuh"
+
 // variant bit 1: 2 vectors per row in flight for K <= 8 (more registers, fewer warps)
 template <typename T, int VEC>
 int launch_unpermute(const void* y, const int32_t* row_map, const void* w, int w_dt, void* out,
@@ -746,7 +748,8 @@ size_t moe_permute_workspace_bytes(int64_t n_slots, int E) {
   const int64_t sb = (int64_t)kThreads * slot_items(n_slots);
   const int64_t nb = cdiv(std::max<int64_t>(n_slots, 1), sb);
   // lrank [n] + counts/base [nb*E] + estart [E] + ecount [E] + total [1] + scan arrivals [1]
-  return sizeof(int32_t) * (size_t)(n_slots + nb * E + 2 * (int64_t)E + 2);
+  // + the gather's row -> slot map [n]
+  return sizeof(int32_t) * (size_t)(2 * n_slots + nb * E + 2 * (int64_t)E + 2);
 }
 
 int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int64_t s_row_bytes,
@@ -766,6 +769,7 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
   int32_t* ecount = estart + E;
   int32_t* total = ecount + E;
   unsigned* done = reinterpret_cast<unsigned*>(total + 1);
+  int32_t* inv = total + 2;
   const bool idx64 = idx_bytes == 8;
 
   int dev = 0;
@@ -798,7 +802,8 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
   if (T > 0) {
     const CopyArgs a{x, x_row_bytes, scales, scales ? s_row_bytes : 0, idx, idx64, T, K, E, SB,
                      lrank, base, estart, out, out_scales, row_map};
-    const int rc = (variant & 16) ? 1 : bulk_copy(a, variant, dev, stream);
+    int rc = (variant & 256) ? gather_copy(a, NB, ecount, inv, variant, dev, stream) : 1;
+    if (rc == 1) rc = (variant & 16) ? 1 : bulk_copy(a, variant, dev, stream);
     if (rc < 0 || (rc == 1 && warp_copy(a, variant, stream) < 0)) return -1;
   }
   if (pad > 1) {

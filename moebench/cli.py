@@ -74,3 +74,15 @@ def sig3(v) -> str:
     if abs(v) >= 100:
         return f"{float(f'{v:.3g}'):.0f}"
     return f"{v:#.3g}".rstrip(".") if "e" not in f"{v:#.3g}" else f"{v:.3g}"
+
+
+def shorten(text: str, width: int) -> str:
+    """TEXT cut to at most WIDTH characters at a word boundary, ending in '...' when cut (a single
+    word longer than half the width is cut inside); the records keep the whole text."""
+    if len(text) <= width:
+        return text
+    cut = text[: width - 3]
+    space = cut.rfind(" ")
+    if space >= width // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:([") + "..."

@@ -235,13 +235,26 @@ def decisions_from_results(records: list[dict], version: str, overlap: bool = Fa
             domain_env = BACKENDS[d["winner"]].domain_env
             env_domain = won.env.get(domain_env) if domain_env else None
         domain = int(env_domain) if env_domain else min(w["ep"], w.get("gpus_per_node", w["ep"]))
-        flags = megatron_flags(d["winner"], version, sms if BACKENDS[d["winner"]].flex else None, overlap,
-                               ep=w["ep"], ranks_per_nvlink_domain=domain)
+        ov = _overlap_verdict(recs, d) if overlap else None
+        flags = megatron_flags(d["winner"], version, sms if BACKENDS[d["winner"]].flex else None,
+                               bool(ov and ov["on"]), ep=w["ep"], ranks_per_nvlink_domain=domain)
+        if ov:
+            flags.notes.insert(0, ("overlap on: " if ov["on"] else "overlap not emitted: ") + ov["why"])
         for k, v in best.get(d["winner_record"], {}).items():   # env knobs of the swept best setting
             if k.startswith("env:"):
                 flags.env[k[4:]] = str(v)
-        out.append({"workload": w, "device": recs[0].get("device"), **d, "flags": flags.asdict()})
+        out.append({"workload": w, "device": recs[0].get("device"), **d, "flags": flags.asdict(),
+                    **({"overlap": ov} if ov else {})})
     return out
+
+
+def _overlap_verdict(recs: list[dict], d: dict) -> dict:
+    """overlap.decide for the backend whose flags are emitted: the winner's records, else the
+    control's (the Megatron path first)."""
+    from . import overlap
+    names = [d["winner_record"]] if d["winner_record"] else [f"mcore-{CONTROL}", CONTROL]
+    verdicts = [overlap.decide(recs, n) for n in names]
+    return next((v for v in verdicts if "hidden_us" in v), verdicts[0])
 
 
 def _best_setting_only(recs: list[dict]) -> tuple[list[dict], dict[str, dict]]:

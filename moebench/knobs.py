@@ -1,5 +1,6 @@
-"""Knob settings in moebench records: which setting a record ran with and the fastest setting per
-(backend, shape). Sweeps, reports and `moebench.megatron flags` read them from here."""
+"""Knobs: the names each backend reads, which setting a record ran with, and the fastest setting per
+(backend, shape). The CLI checks `--knob` names here; sweeps, reports and `moebench.megatron flags`
+read the settings from here."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,36 @@ from . import record
 from .workload import describe
 
 TUNABLE = ("num_sms",)        # backend.knobs keys that count as a knob setting without sweep tags
+ENV_KNOB = "env:"             # a knob env:VAR=V sets VAR for the rank processes instead of reaching the backend
+
+
+def backend_knobs() -> dict[str, tuple[str, ...]]:
+    """The knob names each backend reads from its knob_values (`--ops-impl` and `--num-sms` arrive as
+    ops_impl and num_sms; mcore_cpu_emulation is for tests). tests/test_robust_knobs.py checks this
+    table against the names the backend modules read."""
+    from .backends.hybridep import SM_KNOBS
+    deepep = ("num_sms", "ops_impl")
+    mcore_flex = ("num_sms", "mcore_cpu_emulation", "moe_permute_fusion")
+    return {"alltoall": ("ops_impl",), "deepep": deepep, "deepep-ll": deepep,
+            "hybridep": ("mode", "num_sms", *SM_KNOBS, "ops_impl"),
+            "mcore-alltoall": ("mcore_cpu_emulation", "moe_permute_fusion"),
+            "mcore-deepep": mcore_flex, "mcore-hybridep": mcore_flex}
+
+
+def unknown_knob(names, backends, flag: str = "--knob") -> str:
+    """'' when every knob name is env:VAR or read by at least one of the backends; else one line
+    naming the flag, the knob and the knob names those backends know."""
+    known = backend_knobs()
+    for n in names:
+        if n.startswith(ENV_KNOB):
+            if not n[len(ENV_KNOB):]:
+                return f"{flag} {n}: env:VAR names no variable"
+            continue
+        if not any(n in known.get(b, ()) for b in backends):
+            listed = "; ".join(f"{b}: {', '.join(known.get(b, ())) or 'none'}" for b in backends)
+            return (f"{flag} {n}: no backend of this run reads a knob {n!r} (known: {listed}; "
+                    f"or {ENV_KNOB}VAR=V for the rank processes' environment)")
+    return ""
 
 
 def knobs_of(r: dict) -> dict:

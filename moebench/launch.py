@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import os
 import queue
+import shutil
 import signal
 import socket
+import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -140,6 +144,8 @@ def _init(rank: int, world: int, local_rank: int, device_type: str, timeout_s: f
 
 
 PR_SET_PDEATHSIG = 1
+OOM_HINT = (", likely out of memory (the kernel's OOM killer sends SIGKILL; lower --num-tokens, --hidden or --ep, "
+            "and see the memory estimate in moebench/preflight.py)")
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -163,9 +169,12 @@ def _watch_parent(parent_pid: int, every_s: float = 1.0) -> None:
     os._exit(1)
 
 
-def _child(rank, world, device_type, timeout_s, port, fn, args, results, ranks_per_gpu=1, parent_pid=None):
+def _child(rank, world, device_type, timeout_s, port, fn, args, results, ranks_per_gpu=1, parent_pid=None,
+           crash_dir=None):
     if parent_pid is not None:
         die_with_parent(parent_pid)
+    if crash_dir and faulthandler.is_enabled():    # a crash dump of its own: ranks dying together would interleave
+        faulthandler.enable(file=open(os.path.join(crash_dir, f"rank{rank}"), "w"), all_threads=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
         ctx = _init(rank, world, rank, device_type, timeout_s, ranks_per_gpu)
@@ -187,8 +196,9 @@ def run_ranks(fn, world: int, device_type: str = "cpu", timeout_s: float = 300.0
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
+    crash_dir = tempfile.mkdtemp(prefix="moebench-crash-")
     procs = [ctx.Process(target=_child, args=(r, world, device_type, timeout_s, port, fn, args, results, ranks_per_gpu,
-                                                  os.getpid()),
+                                                  os.getpid(), crash_dir),
                          daemon=True) for r in range(world)]
     for p in procs:
         p.start()
@@ -199,6 +209,18 @@ def run_ranks(fn, world: int, device_type: str = "cpu", timeout_s: float = 300.0
             if p.is_alive():
                 p.kill()
             p.join(timeout=5)
+        _replay_crash_dumps(crash_dir)
+
+
+def _replay_crash_dumps(crash_dir: str) -> None:
+    """Each crashed rank's faulthandler dump to stderr, one rank after another (never interleaved)."""
+    for name in sorted(os.listdir(crash_dir)):
+        with open(os.path.join(crash_dir, name), errors="replace") as f:
+            dump = f.read()
+        if dump.strip():
+            sys.stderr.write(f"# {name}:\n{dump}")
+    sys.stderr.flush()
+    shutil.rmtree(crash_dir, ignore_errors=True)
 
 
 def _collect(procs, results, world: int, timeout_s: float) -> list:
@@ -228,7 +250,8 @@ def _collect(procs, results, world: int, timeout_s: float) -> list:
         return [got[r] for r in range(world)]
     dead = [(r, p.exitcode, _signal_name(p.exitcode)) for r, p in enumerate(procs)
             if r not in got and r not in errors and p.exitcode not in (None, 0)]
-    crashed = [f"rank {r} died with exit code {code} ({how}) before reporting" for r, code, how in dead]
+    crashed = [f"rank {r} died with exit code {code} ({how}) before reporting" + (OOM_HINT if how == "SIGKILL" else "")
+               for r, code, how in dead]
     failed = [f"rank {r} failed: {e}" for r, e in sorted(errors.items())]
     raise LaunchError("; ".join(crashed + failed) or "ranks stopped without reporting",
                       crash=next((how for _, _, how in dead if how.startswith("SIG")), None))

@@ -8,6 +8,7 @@
             the control (alltoall), then the candidate, each in its own launch. Reports steady-window
             step time, model TFLOP/s per GPU (Megatron's arithmetic), loss finite and falling, skipped/
             NaN steps, peak memory per rank, and which dispatcher class ran. Exit 1 when it fails.
+            Needs GPUs; --device cpu is a functional check of the loop (alltoall), never a validation.
 """
 from __future__ import annotations
 
@@ -62,7 +63,10 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--no-control", action="store_true", help="skip the alltoall control run")
     v.add_argument("--out", default="moebench-megatron.jsonl", help="JSONL file to append to")
     v.add_argument("--timeout", type=float, default=900.0, help="seconds per launch")
-    v.add_argument("--cpu-functional", action="store_true", help=argparse.SUPPRESS)   # tests only
+    v.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="validate needs GPUs (auto, cuda); cpu runs the same training loop on CPU/gloo with "
+                        "megatron-core's few CUDA calls emulated, --dispatcher alltoall only: a functional check "
+                        "that the code path works, not a validation and not a measurement")
     return p
 
 
@@ -121,10 +125,16 @@ def _validate_env(args) -> tuple[str, int]:
         raise F.FlagsError("validate needs megatron-core (pip install megatron-core)")
     joined = joined_env()
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if args.cpu_functional:
-        return "cpu", args.ep or 1
+    if args.device == "cpu":
+        if BACKENDS[args.dispatcher].flex:
+            raise F.FlagsError(f"--device cpu runs --dispatcher alltoall only ({args.dispatcher} needs GPUs)")
+        world = args.ep or 1
+        if args.num_experts % world:
+            raise F.FlagsError(f"--num-experts {args.num_experts} is not divisible by EP {world}")
+        return "cpu", world
     if ngpu == 0:
-        raise F.FlagsError("validate needs CUDA: no GPU is visible (megatron-core's dispatchers and model run on GPU)")
+        raise F.FlagsError("validate needs CUDA: no GPU is visible (megatron-core's dispatchers and model run on "
+                           "GPU); --device cpu runs a functional check of the training loop only, not a validation")
     world = joined[1] if joined else (args.ep or ngpu)
     if not joined and world > ngpu:
         raise F.FlagsError(f"--ep {world} needs {world} GPUs, {ngpu} visible (or launch with torchrun)")
@@ -191,11 +201,12 @@ def cmd_validate(args, argv) -> int:
     print(tabulate([_row(r["role"], r) for r in out], headers=TABLE, tablefmt="simple", disable_numparse=True))
     prov, now = results.provenance(), results.utc_now()
     recs = [{"schema": VALIDATE_SCHEMA, "argv": argv, "repro": results.repro_command(argv, "moebench.megatron"),
-             "device": device, **r, "env": prov, "end_utc": now} for r in out]
+             "device": device, "functional": device == "cpu", **r, "env": prov, "end_utc": now} for r in out]
     results.write_jsonl(args.out, recs)
     print(f"# {len(recs)} records appended to {args.out}")
     failed = [r for r in out if r["status"] != "PASS"]
-    print(f"# validation {'FAILED' if failed else 'PASSED'} for {args.dispatcher}",
+    what = "validation" if device == "cuda" else "CPU functional run (not a validation: run on GPUs for that)"
+    print(f"# {what} {'FAILED' if failed else 'PASSED'} for {args.dispatcher}",
           file=sys.stderr if failed else sys.stdout)
     return 1 if failed else 0
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 import torch
 
@@ -107,8 +108,15 @@ def bandwidths(timer: Timer, a) -> dict:
 
 
 # ---------------------------------------------------------------- implementations
+# megatron-core warns once per module that falls back without TE / Apex (four per run); this
+# tool's megatron row is its unfused moe_utils path, which needs neither, and `te` has its own row.
+_NO_TE_WARNING = "Transformer Engine and Apex are not installed"
+
+
 def _megatron():
-    from megatron.core.transformer.moe import moe_utils
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_NO_TE_WARNING, category=UserWarning)
+        from megatron.core.transformer.moe import moe_utils
     return moe_utils
 
 
@@ -194,7 +202,12 @@ def unique_bytes(op, T, H, R, case):
     return (T + R) * (H * xb + sb)
 
 
-def run_shape(shape, a, timer, copy_GBps, device, prov, cmd):
+def progress(msg: str) -> None:
+    """One line on stderr as each (shape, impl) starts: a Triton-interpreter run takes minutes."""
+    print(f"# {msg}", file=sys.stderr, flush=True)
+
+
+def run_shape(shape, a, timer, copy_GBps, device, prov, cmd, where=""):
     T, H, K, E = shape
     case = make_case(T, H, K, E, a.dtype, device, a.seed)
     ref_perm = ops.permute(case["x"], case["idx"], E, scales_TS=case["scales"], impl="torch")
@@ -202,9 +215,11 @@ def run_shape(shape, a, timer, copy_GBps, device, prov, cmd):
     y = torch.randn(R, H, device=device).bfloat16()
     ref = {"perm": ref_perm, "y": y, "unperm": ops.unpermute(y, ref_perm.row_map_TK, case["w"], impl="torch")}
     recs = []
-    for spec in a.impl_list:
+    for i, spec in enumerate(a.impl_list):
         name = spec.partition("@")[0]
         ok, why = available(name)
+        progress(f"{where}{T}x{H}x{K}x{E} {spec} ({i + 1}/{len(a.impl_list)} impls)"
+                 + ("" if ok else ": WAIVED"))
         base = dict(command=cmd, functional=not timer.cuda,
                     shape=dict(T=T, H=H, K=K, E=E, R=R, dtype=a.dtype), impl=spec, env=prov,
                     copy_GBps=round(copy_GBps, 1), start_utc=results.utc_now())
@@ -260,6 +275,12 @@ def format_table(recs) -> str:
     return "\n".join(["# " + line(head)] + [line(r) for r in rows])
 
 
+def plot_device(timed) -> str:
+    """The plot title's device: the GPU of the records, or a CPU run said plainly."""
+    gpu = timed[0]["env"].get("gpu") if timed else None
+    return gpu or "CPU (functional only, not performance figures)"
+
+
 def plot(recs, copy_GBps, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -277,10 +298,11 @@ def plot(recs, copy_GBps, path):
     ax.axhline(0.9 * copy_GBps, color="gray", ls=":", label="0.9 x copy")
     ax.set_xticks([j + wid * (len(impls) - 1) / 2 for j in range(len(groups))], groups, fontsize=8)
     ax.set_ylabel("effective GB/s (unique bytes)")
-    ax.set_title(f"moebench permute/unpermute, {timed[0]['env'].get('gpu') if timed else ''}")
+    ax.set_title(f"moebench permute/unpermute, {plot_device(timed)}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    return fig
 
 
 def main(argv=None) -> int:
@@ -308,15 +330,17 @@ def main(argv=None) -> int:
           f"write-only {bw['write_GBps']:.0f}, read-only {bw['read_GBps']:.0f}; median of "
           f"{a.iters}, L2 flush {'on' if timer.flush_buf is not None else 'off'}")
     recs = []
-    for shape in shapes:
-        recs += run_shape(shape, a, timer, copy_GBps, device, prov, cmd)
+    for n, shape in enumerate(shapes):
+        recs += run_shape(shape, a, timer, copy_GBps, device, prov, cmd, f"shape {n + 1}/{len(shapes)} ")
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print(format_table(recs))
     if a.out:
         results.write_jsonl(a.out, recs)
+        print(f"# {len(recs)} records appended to {a.out}")
     if a.plot:
         plot(recs, copy_GBps, a.plot)
+        print(f"# plot written to {a.plot}")
     return 1 if any(r["check"]["status"] == "FAIL" for r in recs) else 0
 
 

@@ -25,15 +25,17 @@ import sys
 import torch
 
 from . import ceilings, record, traffic
+from .spec import check_options
 from .workload import DTYPES, Workload, WorkloadError, make_routing
 
 SAMPLE_BUDGET = 1 << 25        # routing scores generated at most (EP ranks x tokens x experts)
+LINK_RULES = (("nvlink_gbps", 0, "must be > 0"), ("net_gbps", 0, "must be > 0"), ("sample_budget", 1, "must be >= 1"))
 
 
 def layout(gpus: int, gpn: int, ep: int, tp: int = 1, etp: int | None = None, pp: int = 1) -> dict:
     """Megatron's rank layout for the expert-parallel group; WorkloadError when it does not fit."""
     etp = tp if etp is None else etp
-    for name, v in (("gpus", gpus), ("gpus-per-node", gpn), ("ep", ep), ("tp", tp), ("etp", etp), ("pp", pp)):
+    for name, v in (("ep", ep), ("tp", tp), ("etp", etp), ("pp", pp), ("gpus-per-node", gpn), ("gpus", gpus)):
         if v < 1:
             raise WorkloadError(f"--{name} must be >= 1, got {v}")
     if gpus % (etp * ep * pp) or gpus % (tp * pp):
@@ -225,15 +227,17 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     try:
+        check_options(a, LINK_RULES)
         etp = a.tp if a.etp is None else a.etp
-        lay = layout(a.gpus or etp * a.ep * a.pp, a.gpus_per_node, a.ep, a.tp, etp, a.pp)
+        lay = layout(a.gpus if a.gpus is not None else etp * a.ep * a.pp, a.gpus_per_node, a.ep, a.tp, etp, a.pp)
         w = Workload(num_tokens=a.num_tokens, hidden=a.hidden, num_experts=a.num_experts, topk=a.topk, ep=a.ep,
                      dtype=a.dtype, routing=a.routing, seed=a.seed, gpus_per_node=a.gpus_per_node // etp)
-        nvl = a.nvlink_gbps or ceilings.nominal_nvlink(a.gpu)
+        nvl = a.nvlink_gbps if a.nvlink_gbps is not None else ceilings.nominal_nvlink(a.gpu)
         if not nvl:
             raise WorkloadError(f"no nominal NVLink speed for GPU {a.gpu!r}: pass --nvlink-gbps")
         records = _read(a.results) if a.results else None
-        p = plan(w, lay, nvl, a.net_gbps or ceilings.NIC_NOMINAL_GBPS, records, a.sample_budget)
+        net = a.net_gbps if a.net_gbps is not None else ceilings.NIC_NOMINAL_GBPS
+        p = plan(w, lay, nvl, net, records, a.sample_budget)
     except WorkloadError as e:
         print(f"moebench.plan: error: {e}", file=sys.stderr)
         return 2
@@ -242,11 +246,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _read(paths: list[str]) -> list[dict]:
-    from .record import read_dispatch
+    """The records of --results that are measurements: CPU and shared-GPU records are functional only
+    (left out with a note; refused when nothing else is there)."""
     try:
-        return read_dispatch(paths)
+        recs = record.read_dispatch(paths)
     except OSError as e:
         raise WorkloadError(str(e)) from None
+    if recs and not (recs := record.performance_only(recs, "plan --results")):
+        raise WorkloadError(f"--results: every record is {record.FUNCTIONAL_NOTE}: measure on the target GPUs "
+                            "or leave --results out (nominal link speeds)")
+    return recs
 
 
 if __name__ == "__main__":

@@ -38,13 +38,15 @@ class DispatchRecord:
     end_utc: str
     functional: bool                 # True: the times say the code works, not how fast (CPU/gloo)
     shared_gpu: dict | None = None   # several ranks on one GPU (functional too); None: one rank per GPU
-    kernels: list | None = None      # --profile: the phase's kernels per call
+    kernels: list | None = None      # the phase's largest kernels per call (CUDA; --profile on CPU: torch ops)
+    views: dict | None = None        # {api, cached, kernel}: the timing views (views.py); {"none": why} where absent
+    overlap: dict | None = None      # --overlap: the phase under a concurrent GEMM (overlap.py)
     sweep: dict | None = None        # {name, case, knobs} for a sweep's records
     byte_rule: str = BYTE_RULE
     schema: str = field(default=SCHEMA, init=False)
 
     def asdict(self) -> dict:
-        return _compact(asdict(self), ("kernels", "sweep"))
+        return _compact(asdict(self), ("kernels", "sweep", "views", "overlap"))
 
 
 @dataclass

@@ -1,11 +1,13 @@
 """python -m moebench.report FILE...: tables, plots and A/B verdicts from moebench JSONL records.
 
-  FILE...                       tables grouped by shape family (H, E, K, EP, dtype, routing) and T
+  FILE...                       tables grouped by shape family (H, E, K, EP, dtype, routing) and T;
+                                a case run several times shows its last run, marked so
   --plot PNG                    GB/s against tokens per rank, one line per backend, with the
                                 nominal and measured ceiling lines (one panel per shape x phase)
   --compare A B                 matched A/B per row: A and B are two JSONL files (two containers,
                                 two commits) or two backend names within FILE...; B is judged
-                                against A: faster, slower, or within noise
+                                against A: faster, slower, or within noise, each side pooling every
+                                run of a case; functional-only (CPU, shared-GPU) records are left out
   --markdown / --json           for pasting into a review / for machines
   --best-knobs                  the fastest knob setting per (backend, shape), from knob sweeps
 
@@ -48,13 +50,18 @@ def knob_str(r: dict) -> str:
 
 
 def latest(records: list[dict]) -> list[dict]:
-    """One record per (workload, backend, knobs, phase, device, GPU): the last one read wins."""
-    seen = {}
+    """One record per (workload, backend, knobs, phase, device, GPU): the last one read wins, tagged
+    `_runs` with how many runs of that case were read (tables say so; --compare pools them all)."""
+    seen, runs = {}, {}
     for r in records:
         key = (json.dumps(r["workload"], sort_keys=True), record.name(r), knob_str(r), r.get("phase"),
                r.get("device"), record.gpu(r))
         seen[key] = r
-    return list(seen.values())
+        runs[key] = runs.get(key, 0) + 1
+    return [{**r, "_runs": runs[k]} for k, r in seen.items()]
+
+
+REPEATS_NOTE = "rows marked [last of N runs] show the case's last run; --compare pools every run of a case"
 
 
 def _f(v, nd=None) -> str:
@@ -72,7 +79,8 @@ TABLE_HEAD = ("T", "backend", "knobs", "phase", "median us", "p10-p90 us", "algb
 def _row(r: dict) -> list[str]:
     t, tr = record.timing(r), record.traffic(r)
     spread = f"{_f(t.get('p10_us'))}-{_f(t.get('p90_us'))}" if t.get("p10_us") is not None else "-"
-    check = record.status(r) + (f" ({record.error(r)[:60]})" if record.error(r) else "")
+    check = record.status(r) + (f" ({cli.shorten(record.error(r), 60)})" if record.error(r) else "")
+    check += f" [last of {r['_runs']} runs]" if r.get("_runs", 1) > 1 else ""
     return [str(r["workload"]["num_tokens"]), record.name(r), knob_str(r) or "-", r["phase"],
             _f(t.get("median_us")), spread, _gb(tr.get("algbw_GBps")), _gb(tr.get("busbw_GBps")),
             _f(tr.get("frac_of_ceiling"), 3), _f(tr.get("frac_of_measured"), 3), check]
@@ -99,6 +107,8 @@ def tables(records: list[dict], markdown: bool = False) -> str:
         parts.append(("### " if markdown else "# ") + title)
         parts.append(tabulate([_row(r) for r in recs], headers=TABLE_HEAD,
                               tablefmt="github" if markdown else "simple", disable_numparse=True))
+        if any(r.get("_runs", 1) > 1 for r in recs):
+            parts.append(("" if markdown else "# ") + REPEATS_NOTE)
         if any(record.is_functional(r) for r in recs):
             parts.append(("" if markdown else "# ") + "rows on CPU/gloo or shared-GPU ranks: functional only, "
                          "not performance figures")
@@ -197,6 +207,10 @@ def format_compare(res: dict, label_a: str, label_b: str, markdown: bool = False
     out.append(f"{'' if markdown else '# '}B ({label_b}) against A ({label_a}): "
                + ", ".join(f"{n} {v}" for v, n in counts.items())
                + f"; unmatched rows: {res['only_a']} only in A, {res['only_b']} only in B")
+    out.append(f"{'' if markdown else '# '}each side pools every run of a case (all their per-iteration samples)")
+    if res.get("left_out_functional"):
+        out.append(f"{'' if markdown else '# '}left out {res['left_out_functional']} record(s) that are "
+                   f"{record.FUNCTIONAL_NOTE}: no verdict above is on them")
     if any(r["noise"] != "bootstrap" for r in res["rows"]):
         out.append(f"{'' if markdown else '# '}NOTE: some records carry no timing.samples_us; their noise band "
                    "is a normal approximation from the p10/p90 spread, not a bootstrap")
@@ -299,6 +313,8 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="*", metavar="FILE", help="moebench JSONL files")
     p.add_argument("--plot", metavar="PNG", help="write GB/s against tokens per backend to PNG")
+    p.add_argument("--overlap-plot", metavar="PNG",
+                   help="write exposed time and GEMM slowdown against the SM knob to PNG (--overlap records)")
     p.add_argument("--metric", default="busbw", choices=METRICS, help="figure to plot (default busbw)")
     p.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two JSONL files, or two backends in FILE...")
     p.add_argument("--min-effect", type=float, default=0.01,
@@ -326,15 +342,17 @@ def _compare_inputs(args) -> tuple[list[dict], list[dict], str, str, bool]:
 
 
 def run(args) -> int:
-    bad_out = cli.output_problem(args.plot, "--plot")
+    bad_out = cli.output_problem(args.plot, "--plot") or cli.output_problem(args.overlap_plot, "--overlap-plot")
     if bad_out:
         raise ReportError(bad_out)
     if args.compare:
         ra, rb, la, lb, by_backend = _compare_inputs(args)
+        read = len(ra) + len(rb)
         ra, rb = record.performance_only(ra, "report --compare"), record.performance_only(rb, "report --compare")
         if not ra or not rb:
             raise ReportError(f"--compare: {la if not ra else lb} has no records left: all are {record.FUNCTIONAL_NOTE}")
         res = compare(ra, rb, args.min_effect, by_backend)
+        res["left_out_functional"] = read - len(ra) - len(rb)
         if not res["rows"]:
             raise ReportError(f"--compare: no matching PASS rows between {la} and {lb}")
         print(json.dumps(res, indent=1) if args.json else format_compare(res, la, lb, args.markdown))
@@ -349,12 +367,20 @@ def run(args) -> int:
         print(json.dumps(best, indent=1) if args.json else
               knobs.format_best(best, "github" if args.markdown else "simple") if best else "# no knob settings")
     elif args.json:
-        print(json.dumps([{k: v for k, v in r.items() if k != "_file"} for r in latest(recs)], indent=1))
+        print(json.dumps([{k: v for k, v in r.items() if k not in ("_file", "_runs")} for r in latest(recs)],
+                         indent=1))
     else:
         print(tables(recs, args.markdown))
     if args.plot:
         plot(recs, args.plot, args.metric)
         print(f"{'' if args.markdown else '# '}plot: {args.plot}", file=sys.stderr if args.json else sys.stdout)
+    if args.overlap_plot:
+        from .overlap_plot import PlotError, plot as plot_overlap
+        try:
+            plot_overlap(recs, args.overlap_plot)
+        except PlotError as e:
+            raise ReportError(str(e)) from None
+        print(f"{'' if args.markdown else '# '}overlap plot: {args.overlap_plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from . import record
-from .cli import sig3
+from .cli import shorten, sig3
 from .toolkit import dist_version
 
 ENV_ALLOWLIST = ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "NCCL_PROTO", "NCCL_ALGO", "NCCL_IB_HCA",
@@ -108,25 +108,50 @@ def ensure_newline(path: str | os.PathLike) -> None:
                 f.write("\n")
 
 
-TABLE_COLUMNS = ("backend", "phase", "median us", "p90 us", "algbw GB/s", "busbw GB/s", "wirebw GB/s",
-                 "frac ceil", "check")
+TABLE_COLUMNS = ("backend", "phase", "api us", "p90 us", "cached us", "kernel us", "algbw GB/s", "busbw GB/s",
+                 "wirebw GB/s", "frac ceil", "check")
+OVERLAP_COLUMNS = ("exposed us", "GEMM alone us", "GEMM slowdown")
+
+
+def view_us(r: dict, view: str) -> float | None:
+    """A record's time in the `cached` or `kernel` view (rank 0's, as the upstream tests print), else None."""
+    v = (r.get("views") or {}).get(view) or {}
+    return v.get("mean_us", v.get("us"))
 
 
 def table_rows(records: list[dict]) -> list[list[str]]:
+    with_overlap = any(r.get("overlap") for r in records)
     rows = []
     for r in records:
         t, tr = record.timing(r), record.traffic(r)
         err = record.error(r)
-        err = err if len(err) <= 90 else err[:87] + "..."      # the whole error is in the JSONL
+        err = shorten(err, 90)      # the whole error is in the JSONL
         check = record.status(r) + (f" ({err})" if err else "")
         if t and record.is_functional(r):      # CPU/gloo or shared-GPU ranks: the times are no measurement
             check += " [functional only]"
-        rows.append([record.name(r), r["phase"], sig3(t.get("median_us")), sig3(t.get("p90_us")),
-                     sig3(tr.get("algbw_GBps")), sig3(tr.get("busbw_GBps")), sig3(tr.get("wirebw_GBps")),
-                     sig3(tr.get("frac_of_ceiling")), check])
+        row = [record.name(r), r["phase"], sig3(t.get("median_us")), sig3(t.get("p90_us")),
+               sig3(view_us(r, "cached")), sig3(view_us(r, "kernel")),
+               sig3(tr.get("algbw_GBps")), sig3(tr.get("busbw_GBps")), sig3(tr.get("wirebw_GBps")),
+               sig3(tr.get("frac_of_ceiling")), check]
+        if with_overlap:
+            o = r.get("overlap") or {}
+            row[-1:-1] = [sig3(o.get("exposed_us")), sig3(o.get("gemm_alone_us")), sig3(o.get("gemm_slowdown"))]
+        rows.append(row)
     return rows
+
+
+TABLE_LEGEND = ("# api/cached/kernel us: the timing views (README, Timing views): the call a training step makes, "
+                "the call with its handle reused, the communication kernels alone; algbw: received (token, rank) "
+                "pairs, local included, x bytes per token / api time; busbw: the same from other ranks only (what "
+                "crossed links); wirebw: bytes the backend really moved; frac ceil: busbw / the nominal link ceiling; "
+                "exposed us, GEMM alone us, GEMM slowdown: --overlap; '-': not timed (FAIL, WAIVED), a view the "
+                "backend has not (the JSONL says why), no ceiling (CPU, shared GPU or an unknown GPU, without "
+                "--ceiling-gbps) or no remote pairs (EP 1)")
 
 
 def format_table(records: list[dict]) -> str:
     from tabulate import tabulate
-    return tabulate(table_rows(records), headers=TABLE_COLUMNS, tablefmt="simple", disable_numparse=True)
+    head = list(TABLE_COLUMNS)
+    if any(r.get("overlap") for r in records):
+        head[-1:-1] = OVERLAP_COLUMNS
+    return tabulate(table_rows(records), headers=head, tablefmt="simple", disable_numparse=True) + "\n" + TABLE_LEGEND

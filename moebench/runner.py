@@ -11,12 +11,12 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from . import ceilings, reference, results, traffic
+from . import ceilings, overlap, preflight, reference, results, traffic, views
 from .backends import base
 from .launch import LaunchError, RankContext, environment, run_ranks
-from .record import DispatchRecord
+from .record import PHASES, DispatchRecord
 from .spec import Options, RunSpec
-from .timing import Timer, kernel_profile
+from .timing import Timer
 from .workload import Workload, WorkloadError, make_routing, rank_inputs
 
 
@@ -39,6 +39,8 @@ class CheckFailed(Exception):
 
 
 WAIVED = "WAIVED: "
+PAYLOAD_OF = {"dispatch": "dispatch", "dispatch-kernel": "dispatch", "combine": "combine"}  # phase -> bytes it moves
+KERNEL_ROWS = 8      # the largest kernels of each phase kept in the record
 SHARED_NOTE = ("EP ranks are processes sharing GPUs (gloo group, CUDA IPC on one device); their kernels "
                "time-slice, so times are functional only, never performance figures")
 
@@ -59,8 +61,10 @@ def _stage(fn, group) -> str:
     return _agree_error(err, group)
 
 
-def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: bool) -> dict:
-    """Runs on every rank. Returns {status, error, phases: {phase: Stats dict}, knobs, a2a}."""
+def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: bool,
+              rank_bytes: list[float] | None = None) -> dict:
+    """Runs on every rank. Returns {status, error, phases: {phase: Stats dict}, views, knobs, a2a}.
+    rank_bytes: moebench's received dispatch bytes per rank, asserted against the backend's own rule."""
     out = _result("FAIL")
     dev = ctx.device
     b = None
@@ -82,6 +86,12 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
         msg, checked["d"], checked["y"] = _check(b, w, ctx.rank, payload, idx, wt, s, dev)
         if msg:
             raise CheckFailed(msg)
+        native = b.native_bytes(checked["d"])
+        if native is not None and rank_bytes is not None:
+            out["native_bytes"] = {"backend": native, "moebench": rank_bytes[ctx.rank]}
+            if native != rank_bytes[ctx.rank]:
+                raise CheckFailed(f"byte rule: rank {ctx.rank} received {native} bytes by {name}'s own count "
+                                  f"(recv_x.numel() x element size), {rank_bytes[ctx.rank]} by moebench/1")
 
     err = _stage(prepare, ctx.group) or _stage(check, ctx.group)
     out["bypassed"] = list(b.bypassed) if b else []
@@ -90,20 +100,48 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
         waived = err.startswith(WAIVED)
         out.update(status="WAIVED" if waived else "FAIL", error=err.removeprefix(WAIVED))
         return out
-    timer = Timer(dev, ctx.group, opts.flush_l2)
-    d, y = checked["d"], checked["y"]  # the checked dispatch's handle serves the timed combines
-    phases = {"dispatch": lambda: b.dispatch(payload, idx, wt, s), "combine": lambda: b.combine(y, d.handle)}
-    phases.update(b.extra_phases(payload, idx, wt))
-    for phase, fn in phases.items():
-        out["phases"][phase] = timer.run(fn, opts.iters, opts.warmup_ms).asdict()
-        if opts.profile:
-            out.setdefault("kernels", {})[phase] = kernel_profile(fn, timer.cuda)
+    _time(b, out, ctx, w, opts, payload, idx, wt, s, checked["d"], checked["y"])
     if measure:
+        timer = Timer(dev, ctx.group, opts.flush_l2)
         bytes_per_rank = w.num_tokens * w.topk * w.bytes_per_token
         out["a2a"] = ceilings.measure_alltoall(timer, ctx.group, dev, bytes_per_rank, opts.iters)
     b.teardown()
     out.update(status="PASS", knobs=b.knobs())
     return out
+
+
+def _time(b, out, ctx, w, opts, payload, idx, wt, s, d, y) -> None:
+    """Every phase in the api view; dispatch and combine also in the cached and kernel views, and
+    under a concurrent GEMM with --overlap. The checked dispatch's handle serves the timed combines."""
+    timer = Timer(ctx.device, ctx.group, opts.flush_l2)
+    phases = {"dispatch": lambda: b.dispatch(payload, idx, wt, s), "combine": lambda: b.combine(y, d.handle)}
+    phases.update(b.extra_phases(payload, idx, wt))
+    cached = b.cached_phases(payload, idx, wt, s, d, y)
+    gemm = None
+    if opts.overlap:
+        gemm = overlap.Gemm(overlap.gemm_shape(overlap.parse(opts.overlap), d.x_RH.shape[0], w.hidden), ctx.device)
+    for phase, fn in phases.items():
+        st = timer.run(fn, opts.iters, opts.warmup_ms)
+        out["phases"][phase] = st.asdict()
+        v = out.setdefault("views", {})[phase] = {"api": {"median_us": st.median_us, "aggregation": views.API_AGG}}
+        rows = views.profile(fn, timer) if (timer.cuda or opts.profile) else None
+        if rows is not None:
+            out.setdefault("kernels", {})[phase] = rows[:KERNEL_ROWS]
+            if timer.cuda:
+                out["phases"][phase].update(views.host_split(st.median_us, rows))
+        if phase not in PHASES:
+            continue
+        if not timer.cuda:
+            v["kernel"] = views.none("CPU run: no GPU kernels")
+        elif not b.comm_kernels:
+            v["kernel"] = views.none(f"{b.name} names no communication kernels")
+        else:
+            v["kernel"] = views.kernel(timer, rows, b.comm_kernels, ctx.rank)
+        v["cached"] = (views.cached(timer, cached[phase], opts.iters, opts.warmup_ms, ctx.rank) if phase in cached
+                       else views.none(b.no_cached_view))
+        if gemm is not None:
+            out.setdefault("overlap", {})[phase] = overlap.measure(timer, fn, gemm, st.median_us, opts.iters,
+                                                                   opts.warmup_ms)
 
 
 def _teardown(b) -> None:
@@ -139,10 +177,10 @@ def _check(b, w, rank, payload, idx, wt, scales, dev):
     return ("combine: " + err if err else ""), d, y
 
 
-def run_backend(w: Workload, name: str, opts: Options, measure: bool) -> dict:
+def run_backend(w: Workload, name: str, opts: Options, measure: bool, rank_bytes: list[float] | None = None) -> dict:
     """Launch the ranks for one backend; a crash or timeout becomes a FAIL result."""
     try:
-        outs = run_ranks(rank_main, w.ep, opts.device, opts.timeout_s, args=(w, name, opts, measure),
+        outs = run_ranks(rank_main, w.ep, opts.device, opts.timeout_s, args=(w, name, opts, measure, rank_bytes),
                          ranks_per_gpu=opts.ranks_per_gpu)
     except LaunchError as e:
         return {**_result("FAIL", str(e).splitlines()[0][:500]), "crash": e.crash}
@@ -157,6 +195,7 @@ def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print,
     opts.measure_ceiling = measure_ceiling
     argv = spec.to_argv() if argv is None else argv
     t = traffic.traffic_of([make_routing(w, r)[0] for r in range(w.ep)], w)
+    rank_bytes = (t.pairs_SD.sum(0).double() * w.bytes_per_token).tolist()
     recs, measured = [], None
     for name in spec.backends:
         start = results.utc_now()
@@ -167,7 +206,7 @@ def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print,
             progress(f"# running {name} on EP {w.ep} ...")
             measure = opts.measure_ceiling and not opts.functional and measured is None   # NCCL only
             with environment(opts.env):
-                res = run_backend(w, name, opts, measure=measure)
+                res = run_backend(w, name, opts, measure=measure, rank_bytes=rank_bytes)
             measured = measured or res.get("a2a")
         if not res:
             continue
@@ -186,7 +225,7 @@ def waiver(name: str, w: Workload, opts: Options) -> str:
         cls(knob_values=dict(opts.knobs)).validate(w, w.ep)
     except WorkloadError as e:
         return f"cannot take this run: {e}"
-    return ""
+    return preflight.waiver(name, w, opts)      # pre-launch checks: CUDA-only backends, memory (preflight.py)
 
 
 def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
@@ -196,10 +235,14 @@ def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
     phases = res["phases"] or {"dispatch": None, "combine": None}
     recs = []
     for phase, timing in phases.items():
-        b = traffic.phase_bytes(t, w, "combine" if phase == "combine" else "dispatch", cls.dedup)
-        rec_traffic = {k: v for k, v in b.items()}
-        rec_traffic["upstream"] = traffic.upstream_bytes(t, w, "combine" if phase == "combine" else "dispatch")
-        if timing:
+        carries = PAYLOAD_OF.get(phase)
+        if carries is None:      # e.g. DeepEP's layout: metadata only, no payload, so no bytes and no GB/s
+            b, rec_traffic = None, {"note": f"the {phase} phase moves no payload: no bytes, no GB/s"}
+        else:
+            b = traffic.phase_bytes(t, w, carries, cls.dedup)
+            rec_traffic = dict(b)
+            rec_traffic["upstream"] = traffic.upstream_bytes(t, w, carries)
+        if timing and b:
             rec_traffic.update(traffic.bandwidth(b, timing["median_us"] * 1e-6))
             nominal = ceilings.ceiling_for(gpu, b["net_bytes"], opts.ceiling_gbps)
             rec_traffic.update(nominal)
@@ -208,13 +251,15 @@ def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
             if measured:
                 rec_traffic["measured_ceiling_GBps"] = measured[1]
                 rec_traffic["frac_of_measured"] = rec_traffic["busbw_GBps"] / measured[1]
+        check = {"status": res["status"], "error": res.get("error") or None,
+                 **({"crash": res["crash"]} if res.get("crash") else {}),
+                 **({"native_bytes": res["native_bytes"]} if res.get("native_bytes") and phase == "dispatch" else {})}
         recs.append(DispatchRecord(
             argv=argv, repro=results.repro_command(argv, "moebench.dispatch"), workload=w.asdict(),
             device=opts.device, backend={"name": name, "version": res.get("version"), "knobs": res.get("knobs"),
                                          "dedup": cls.dedup},
             phase=phase, timing=timing, traffic=rec_traffic, kernels=res.get("kernels", {}).get(phase),
-            check={"status": res["status"], "error": res.get("error") or None,
-                   **({"crash": res["crash"]} if res.get("crash") else {})},
+            views=res.get("views", {}).get(phase), overlap=res.get("overlap", {}).get(phase), check=check,
             env=prov, start_utc=start, end_utc=results.utc_now(), functional=opts.functional,
             shared_gpu=({"ranks_per_gpu": opts.ranks_per_gpu, "bypassed": res.get("bypassed") or [],
                          "note": SHARED_NOTE} if opts.ranks_per_gpu > 1 else None)).asdict())

@@ -14,13 +14,14 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
+from . import overlap, preflight
 from .backends import base
+from .knobs import ENV_KNOB, unknown_knob
 from .launch import pick_device
 from .workload import DTYPES, Workload, WorkloadError
 
 CPU_DEFAULT_SHAPE = {"num_tokens": 256, "hidden": 1024}   # keeps --ep 8 under a minute on 2 cores
 OPS_IMPLS = ("auto", "torch", "triton", "cuda")
-ENV_KNOB = "env:"
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Options:
     measure_ceiling: bool = True
     profile: bool = False                            # also record each phase's kernels (profiler)
     ranks_per_gpu: int = 1                           # > 1: shared-GPU ranks (launch.py), functional only
+    overlap: str | None = None                       # --overlap gemm[:MxNxK] (overlap.py)
 
     @property
     def functional(self) -> bool:
@@ -75,6 +77,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="store_true",
                    help="also record each phase's GPU kernels (CPU: torch ops) per call, from the profiler")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per backend launch")
+    p.add_argument("--overlap", metavar="gemm[:MxNxK]",
+                   help="also time each phase under a concurrent bf16 GEMM (default shape: received rows x hidden "
+                        "x hidden) and record exposed time and GEMM slowdown (moebench/overlap.py)")
 
 
 def parse_knob(kv: str) -> tuple[str, int | str]:
@@ -98,6 +103,7 @@ class RunSpec:
     ceiling_gbps: float | None = None
     profile: bool = False
     ranks_per_gpu: int = 1
+    overlap: str | None = None
     out: str = "moebench-dispatch.jsonl"
     note: str = field(default="", compare=False)  # what device picking wants said (CPU fallback)
 
@@ -106,6 +112,7 @@ class RunSpec:
         """From parsed dispatch flags; `workload` replaces the flags' shape (sweeps). Bad input
         raises WorkloadError."""
         check_options(args)
+        overlap.parse(args.overlap)
         rpg = args.ranks_per_gpu
         device, note = pick_device(args.device, args.ep, rpg)
         cpu = device == "cpu"
@@ -113,12 +120,16 @@ class RunSpec:
         if args.num_sms is not None:
             knobs["num_sms"] = args.num_sms
         knobs.update(parse_knob(kv) for kv in args.knob)
-        return cls(workload=workload or _workload(args, cpu), backends=tuple(base.parse_backends(args.backend)),
+        backends = tuple(base.parse_backends(args.backend))
+        bad = unknown_knob([parse_knob(kv)[0] for kv in args.knob], backends)
+        if bad:
+            raise WorkloadError(bad)
+        return cls(workload=workload or _workload(args, cpu), backends=backends,
                    explicit=args.backend != "all", device=device, iters=args.iters if args.iters is not None else (5 if cpu else 20),
                    warmup_ms=args.warmup_ms if args.warmup_ms is not None else (0.0 if cpu else 200.0),
                    flush_l2=not args.no_flush_l2, timeout_s=args.timeout, knobs=knobs,
                    ceiling_gbps=args.ceiling_gbps, profile=args.profile, ranks_per_gpu=rpg, out=args.out,
-                   note=note)
+                   overlap=args.overlap, note=note)
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> RunSpec:
@@ -130,10 +141,15 @@ class RunSpec:
         return dataclasses.replace(self, **changes)
 
     def check(self) -> RunSpec:
-        """Bad input raises WorkloadError: an explicitly named backend that cannot take this run."""
+        """Bad input raises WorkloadError: an explicitly named backend that cannot take this run, or
+        that would not fit in this machine's memory (preflight.py's estimate)."""
         if self.explicit:
+            opts = self.options()
             for n in self.backends:
-                base.get(n)(knob_values=self.options().knobs).validate(self.workload, self.workload.ep)
+                base.get(n)(knob_values=opts.knobs).validate(self.workload, self.workload.ep)
+                too_big = preflight.refusal(n, self.workload, opts)
+                if too_big:
+                    raise WorkloadError(too_big)
         return self
 
     def options(self) -> Options:
@@ -141,7 +157,8 @@ class RunSpec:
                        timeout_s=self.timeout_s,
                        knobs={k: v for k, v in self.knobs.items() if not k.startswith(ENV_KNOB)},
                        env={k[len(ENV_KNOB):]: str(v) for k, v in self.knobs.items() if k.startswith(ENV_KNOB)},
-                       ceiling_gbps=self.ceiling_gbps, profile=self.profile, ranks_per_gpu=self.ranks_per_gpu)
+                       ceiling_gbps=self.ceiling_gbps, profile=self.profile, ranks_per_gpu=self.ranks_per_gpu,
+                       overlap=self.overlap)
 
     def to_argv(self) -> list[str]:
         """The `python -m moebench.dispatch` arguments that rebuild this spec."""
@@ -162,6 +179,8 @@ class RunSpec:
         argv += ["--no-flush-l2"] * (not self.flush_l2) + ["--profile"] * self.profile
         if self.ranks_per_gpu != 1:
             argv += ["--ranks-per-gpu", self.ranks_per_gpu]
+        if self.overlap:
+            argv += ["--overlap", self.overlap]
         return [str(a) for a in argv]
 
 
@@ -169,9 +188,10 @@ OPTION_RULES = (("iters", 1, "must be >= 1"), ("timeout", 0, "must be > 0"), ("w
                 ("ceiling_gbps", 0, "must be > 0"), ("max_cases", 1, "must be >= 1"))
 
 
-def check_options(args) -> None:
-    """Bad option values raise WorkloadError naming the flag (never silently replaced)."""
-    for name, low, rule in OPTION_RULES:
+def check_options(args, rules=OPTION_RULES) -> None:
+    """Bad option values raise WorkloadError naming the flag (never silently replaced); rules are
+    (attribute, bound, "must be >= N" | "must be > N") and an absent (None) value passes."""
+    for name, low, rule in rules:
         v = getattr(args, name, None)
         if v is None:
             continue

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from . import record, results
 from .cli import sig3
-from .knobs import best_knobs, format_best, knobs_of
+from .backends.base import REGISTRY
+from .knobs import best_knobs, format_best, knobs_of, unknown_knob
 from .record import read_dispatch
 from .runner import run_case
 from .spec import RunSpec
@@ -112,6 +113,10 @@ def load(name: str) -> Sweep:
     if not isinstance(knobs, dict) or not all(isinstance(v, dict) for v in knobs.values()):
         raise WorkloadError(f"sweep {path}: [knobs.BACKEND] tables expected")
     knobs = {b: {k: (v if isinstance(v, list) else [v]) for k, v in kv.items()} for b, kv in knobs.items()}
+    for b, kv in knobs.items():
+        bad = f"unknown backend {b!r} (known: {', '.join(REGISTRY)})" if b not in REGISTRY else unknown_knob(kv, (b,), "")
+        if bad:
+            raise WorkloadError(f"sweep {path}: [knobs.{b}]: {bad.strip()}")
     if not all([*axes.values(), *(v for kv in knobs.values() for v in kv.values())]):
         raise WorkloadError(f"sweep {path}: an axis has no values")
     return Sweep(path.stem, raw.get("description", ""), axes, knobs)
@@ -181,14 +186,14 @@ def _summary_line(r: dict) -> str:
 class SweepState:
     """Walks the cases of a sweep, skipping finished ones, appending records after every case."""
 
-    def __init__(self, base: RunSpec, s: Sweep, records: list[dict], total: int, max_cases: int | None = None,
+    def __init__(self, base: RunSpec, s: Sweep, records: list[dict], works: list[int], max_cases: int | None = None,
                  redo_failed: bool = False):
-        self.base, self.s, self.records, self.total = base, s, records, total
+        self.base, self.s, self.records, self.works, self.total = base, s, records, works, len(works)
         self.max_cases, self.redo_failed = max_cases, redo_failed
         self.n = self.ran = self.skipped = 0
         self.failed: set[str] = set()
         self.done = done_keys(records, redo_failed)
-        self.seconds = 0.0
+        self.history: list[tuple[int, float]] = []     # (work, seconds) of the cases run
         self.waivers: set | None = None
 
     def stop(self) -> bool:
@@ -201,15 +206,15 @@ class SweepState:
             self.skipped += 1
             print(f"{head}: already in {self.base.out}, skipped")
             return
-        eta = f" (~{self.seconds / self.ran * (self.total - self.n + 1) / 60:.1f} min left)" if self.ran else ""
-        print(head + eta, flush=True)
+        left = time_left(self.history, self.works[self.n - 1:])
+        print(head + (f" (~{left / 60:.1f} min left, by work)" if left is not None else ""), flush=True)
         t0 = time.monotonic()
         try:
             recs = run_tagged(case_spec(self.base, case), self.s, case)
         except WorkloadError as e:
             print(f"    skipped: {e}")
             return
-        self.seconds += time.monotonic() - t0
+        self.history.append((case_work(case.w), time.monotonic() - t0))
         results.write_jsonl(self.base.out, [r for r in recs if not self.repeats_waiver(r)])
         self.records += recs
         self.done |= done_keys(recs, self.redo_failed)     # keys only grow: no rescan of all records
@@ -255,9 +260,31 @@ def done_keys(records: list[dict], redo_failed: bool = False) -> set[str]:
     return keys
 
 
-def plan_total(s: Sweep, wls: list[Workload], names: list[str], knob_sweep: bool) -> int:
+def case_work(w: Workload) -> int:
+    """What a case's time grows with: tokens x hidden x top-k per rank (the rows each rank moves and checks)."""
+    return w.num_tokens * w.hidden * w.topk
+
+
+def plan_works(s: Sweep, wls: list[Workload], names: list[str], knob_sweep: bool) -> list[int]:
+    """The work of every case, in the order walk() visits them."""
     per = [sum(len(v) for v in s.knobs[n].values()) if knob_sweep and s.knobs.get(n) else 1 for n in names]
-    return len(wls) * sum(per)
+    return [case_work(w) for w in wls for _ in range(sum(per))]
+
+
+def time_left(history: list[tuple[int, float]], works: list[int]) -> float | None:
+    """Seconds the cases of `works` will take, from the (work, seconds) of the cases run so far: a
+    least-squares line seconds = a + b x work (a: the launch, b: the part that grows with the work);
+    while every case run so far had the same work, in proportion to the work. None before any case."""
+    if not history:
+        return None
+    xs, ys = [x for x, _ in history], [y for _, y in history]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    if b <= 0:
+        return sum(ys) / sum(xs) * sum(works)
+    a = max(0.0, my - b * mx)
+    return sum(a + b * x for x in works)
 
 
 def walk(runner: SweepState, s: Sweep, wls: list[Workload], names: list[str], knob_sweep: bool) -> None:
@@ -305,11 +332,12 @@ def main_sweep(args) -> int:
         print(f"# NOTE: {base.note}")
     if device == "cpu" and max(w.num_tokens * w.hidden for w in wls) > 1 << 22:
         print("# NOTE: full-size shapes on CPU/gloo are slow; a tiny sweep file suits a functional check")
-    total = plan_total(s, wls, names, args.knob_sweep)
+    works = plan_works(s, wls, names, args.knob_sweep)
+    total = len(works)
     print(f"# sweep {s.name}: {s.description} | {len(wls)} workloads x {', '.join(names)}"
           f"{' (knob sweep)' if args.knob_sweep else ''} = {total} cases, EP {args.ep}, device {device},"
           f" results -> {out}")
-    runner = SweepState(base, s, read_existing(out), total, args.max_cases, args.redo_failed)
+    runner = SweepState(base, s, read_existing(out), works, args.max_cases, args.redo_failed)
     try:
         walk(runner, s, wls, names, args.knob_sweep)
     except KeyboardInterrupt:

@@ -56,7 +56,8 @@ class Timer:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
-    def _once(self, fn) -> float:
+    def once(self, fn) -> float:
+        """One timed call: optional L2 flush, barrier, CUDA events (CPU: host clock) around fn; seconds."""
         if self.flush_buf is not None:
             self.flush_buf.amax()      # a read-only flush: no dirty lines to write back while timed
         self.barrier()
@@ -80,11 +81,11 @@ class Timer:
 
     def warmup(self, fn, budget_ms: float, max_calls: int = 1000) -> int:
         """At least two calls, then as many as fit the budget; every rank makes the same number."""
-        first = self.agree_max([self._once(fn), self._once(fn)])
+        first = self.agree_max([self.once(fn), self.once(fn)])
         per_call = max(first[1], 1e-6)
         n = int(self.agree_max([min(max_calls, budget_ms * 1e-3 / per_call)])[0])
         for _ in range(n):
-            self._once(fn)
+            self.once(fn)
         return n + 2
 
     def queued(self, fn, iters: int) -> list[float]:
@@ -92,7 +93,7 @@ class Timer:
         no barrier per call): each call's device time without the host's gaps between calls, as a
         kernel benchmark wants it. The L2 flush still runs before every call. CPU: host clock per call."""
         if not self.cuda:
-            return [self._once(fn) for _ in range(iters)]
+            return [self.once(fn) for _ in range(iters)]
         self.barrier()
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
         for start, end in ev:
@@ -108,8 +109,12 @@ class Timer:
         """Warm up, then time `iters` calls: one at a time behind a barrier (the default: what a rank
         of a collective pays), or queued (`queued`: local kernels)."""
         self.warmup(fn, warmup_ms)
-        times = self.queued(fn, iters) if queued else [self._once(fn) for _ in range(iters)]
-        return stats(self.agree_max(times), "cuda-event" if self.cuda else "host-clock (CPU: functional only)")
+        times = self.queued(fn, iters) if queued else [self.once(fn) for _ in range(iters)]
+        return stats(self.agree_max(times), self.timer_name)
+
+    @property
+    def timer_name(self) -> str:
+        return "cuda-event" if self.cuda else "host-clock (CPU: functional only)"
 
 
 def host_us(fn, cuda: bool, n: int = 10) -> float:
@@ -135,8 +140,9 @@ def write_trace(timer: Timer, fn, path: str, n: int = 4) -> None:
 
 def kernel_profile(fn, cuda: bool, n: int = 5, top: int = 8) -> list[dict]:
     """The op's own pieces, under torch.profiler: per GPU kernel (CUDA) or per top-level torch op
-    (CPU), calls and microseconds per call of fn, largest first. fn runs once more untimed before
-    the n profiled calls; on several ranks every rank must call this (fn may hold collectives)."""
+    (CPU), calls and microseconds per call of fn, largest first (the `top` largest; 0: all). fn runs
+    once more untimed before the n profiled calls; on several ranks every rank must call this (fn
+    may hold collectives)."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     if cuda:
@@ -153,4 +159,5 @@ def kernel_profile(fn, cuda: bool, n: int = 5, top: int = 8) -> list[dict]:
               else ev.self_cpu_time_total)
         if us and ev.count:
             rows.append({"kernel": ev.key[:80], "calls_per_iter": ev.count / n, "us_per_iter": us / n})
-    return sorted(rows, key=lambda r: -r["us_per_iter"])[:top]
+    rows.sort(key=lambda r: -r["us_per_iter"])
+    return rows[:top] if top else rows

@@ -131,12 +131,13 @@ def test_validate_bad_input_exits_2(argv, capsys):
 @pytest.mark.parametrize("ep", [1, 2])
 def test_validate_cpu_functional_run(ep, tmp_path, capsys):
     out = tmp_path / "v.jsonl"
-    rc = megatron.main(["validate", "--dispatcher", "alltoall", "--steps", "12", "--ep", str(ep), "--cpu-functional",
+    rc = megatron.main(["validate", "--dispatcher", "alltoall", "--steps", "12", "--ep", str(ep), "--device", "cpu",
                         "--out", str(out), *TINY])
     text = capsys.readouterr().out
     [r] = [json.loads(line) for line in out.read_text().splitlines()]
     assert rc == 0 and r["status"] == "PASS", r.get("errors")
     assert "not a measurement" in text and "MoEAlltoAllTokenDispatcher x12" in text
+    assert "CPU functional run (not a validation" in text and r["functional"] is True
     assert r["schema"] == megatron.VALIDATE_SCHEMA and r["world"] == ep and r["window"] == 6
     assert [lay["token_dispatch_calls"] for lay in r["evidence"]["layers"]] == [12, 12]
     assert r["evidence"]["param_dtypes"] == ["torch.bfloat16"]     # CUDA's layer_norm refuses fp32 norm weights

@@ -132,11 +132,12 @@ def _triton_case(T, H, K, E, pad, fp8, idt):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="runs in the subprocess of test_triton_interpreter")
-@pytest.mark.parametrize("tma", [1, 0], ids=["tma", "plain"])
+@pytest.mark.parametrize("tma,cs", [(1, 0), (0, 0), (0, 1)], ids=["tma", "plain", "streaming"])
 @pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: "x".join(map(str, c[:5])))
-def test_triton_matches_reference(case, tma, monkeypatch):
+def test_triton_matches_reference(case, tma, cs, monkeypatch):
     from moebench.ops import triton_impl
-    monkeypatch.setattr(triton_impl, "DEFAULT_KNOBS", triton_impl.DEFAULT_KNOBS._replace(copy_tma=tma))
+    monkeypatch.setattr(triton_impl, "DEFAULT_KNOBS",
+                        triton_impl.DEFAULT_KNOBS._replace(copy_tma=tma, copy_cs=cs))
     ops._status.clear()
     _triton_case(*case)
 
@@ -367,6 +368,7 @@ def test_variants_are_part_of_the_impl_string():
     from moebench.ops import triton_impl as ti
     assert ti.knobs("") is ti.DEFAULT_KNOBS
     assert ti.knobs("2048:8") == ti.DEFAULT_KNOBS._replace(copy_bh=2048, copy_warps=8)
-    assert ti.knobs("1:2:3:4:1") == ti.Knobs(1, 2, 3, 4, 1)
-    with pytest.raises(ValueError, match="at most 5"):
-        ti.knobs("1:2:3:4:5:6")
+    assert ti.knobs("1:2:3:4:1") == ti.Knobs(1, 2, 3, 4, 1, ti.DEFAULT_KNOBS.copy_cs)
+    assert ti.knobs("1:2:3:4:0:1").copy_cs == 1
+    with pytest.raises(ValueError, match="at most 6"):
+        ti.knobs("1:2:3:4:5:6:7")

@@ -80,9 +80,12 @@ def test_fp8_scales_padding(impl, pad):
 
 
 # csrc variant bits: 0 bulk (TMA) copy with L2 evict-first hints; 1 without the hints; 32/96 two/four buffers; 128 4 KB
-# chunks (a 14 KB row in four pieces); 16 the per-warp register copy. Triton: copy_tma 1 and 0.
-COPY_VARIANTS = [f"cuda@{v}" for v in (0, 1, 32, 96, 128, 16, 16 + 2 + 8)] + [
-    "triton@1024:4:1024:4:1", "triton@1024:4:1024:4:0"]
+# chunks (a 14 KB row in four pieces); 16 the per-warp register copy; 256 the destination-order
+# gather (+512 plain stores, +1024/2048/3072 tiles of 128/2048/8192 tokens). Triton: copy_tma 1
+# and 0, copy_cs 1.
+COPY_VARIANTS = [f"cuda@{v}" for v in (0, 1, 32, 96, 128, 16, 16 + 2 + 8, 256, 256 + 512,
+                                       256 + 1024, 256 + 2048, 256 + 3072)] + [
+    "triton@1024:4:1024:4:1", "triton@1024:4:1024:4:0", "triton@1024:4:1024:4:0:1"]
 
 
 @pytest.mark.parametrize("variant", COPY_VARIANTS)
@@ -128,3 +131,19 @@ def test_opcheck(impl):
     sizes = torch.tensor([10, 0, 30, 24], device="cuda")
     torch.library.opcheck(torch.ops.moebench.sort_chunks_by_idxs.default,
                           (x, sizes, torch.tensor([3, 1, 0, 2], device="cuda"), impl))
+
+
+def test_triton_direct_launch_is_used_and_exact():
+    """After the first call compiles, the ops' kernels launch through triton_launch's cache, with
+    the same results (a wrong specialisation reused would show as a mismatch)."""
+    if "triton" not in _impls():
+        pytest.skip("triton unavailable")
+    from moebench.ops import triton_launch
+    for T, H, K, E in ((256, 7168, 8, 64), (33, 1001, 3, 5)):
+        x = torch.randn(T, H, device="cuda").bfloat16()
+        idx = routing(T, K, E, seed=T)
+        want = ops.permute(x, idx, E, impl="torch")
+        for n in (None, None, want.x_RH.shape[0]):
+            check_permute(ops.permute(x, idx, E, impl="triton", num_out_rows=n), want)
+    names = {fn.__name__ for fn, _ in triton_launch._cache}
+    assert {"_route_rank", "_route_scan", "_permute_copy"} <= names

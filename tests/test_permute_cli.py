@@ -46,3 +46,37 @@ def test_out_appends_and_old_flag_names_still_work(tmp_path):
     assert permute.main(["--ops-impl", "torch", "--no-flush-l2", *argv]) == 0
     assert permute.main(["--impl", "torch", "--no-flush", *argv]) == 0          # hidden aliases
     assert [json.loads(line)["impl"] for line in out.read_text().splitlines()] == ["torch", "torch"]
+
+
+# ---------------------------------------------------------------- first contact (issue 13 item 15)
+def test_plot_title_names_the_device_and_the_path_is_printed(tmp_path, capsys):
+    png = tmp_path / "p.png"
+    assert permute.main(["--ops-impl", "torch", "--shapes", "16x32x2x4", "--iters", "1",
+                         "--ops", "permute", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert png.stat().st_size > 0 and f"plot written to {png}" in out
+    rec = {"timing": {}, "GBps": 1.0, "impl": "torch", "op": "permute", "env": {"gpu": None},
+           "shape": {"T": 16, "H": 32}}
+    title = permute.plot([rec], 1.0, str(tmp_path / "q.png")).axes[0].get_title()
+    assert "None" not in title and "CPU" in title
+    assert "NVIDIA H200" in permute.plot([dict(rec, env={"gpu": "NVIDIA H200"})], 1.0,
+                                         str(tmp_path / "r.png")).axes[0].get_title()
+
+
+def test_progress_line_per_shape_and_impl_on_stderr(capsys):
+    assert permute.main(["--ops-impl", "torch,te", "--shapes", "16x32x2x4,8x32x2x4", "--iters", "1",
+                         "--ops", "permute"]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("# ")]
+    assert err[0] == "# shape 1/2 16x32x2x4 torch (1/2 impls)"
+    assert len(err) == 4 and err[-1].startswith("# shape 2/2 8x32x2x4 te (2/2 impls)")
+
+
+@pytest.mark.skipif(not installed("megatron.core"), reason="needs megatron-core")
+def test_no_transformer_engine_warnings_from_megatron_import():
+    import subprocess
+    import sys
+    code = ("import warnings; warnings.simplefilter('always'); from moebench import permute; "
+            "permute._megatron()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Transformer Engine and Apex are not installed" not in r.stderr

@@ -13,7 +13,7 @@ def spec_of(argv):
 @pytest.mark.parametrize("argv", [
     ["--device", "cpu", "--ep", "2", "--num-experts", "8", "--topk", "2"],
     ["--device", "cpu", "--ep", "4", "--num-tokens", "64", "--hidden", "128", "--num-experts", "16", "--topk", "3",
-     "--dtype", "fp8", "--routing", "zipf:1.2,masked:0.1", "--seed", "7", "--backend", "alltoall",
+     "--dtype", "fp8", "--routing", "zipf:1.2,masked:0.1", "--seed", "7", "--backend", "alltoall,hybridep",
      "--iters", "3", "--warmup-ms", "5", "--num-sms", "24", "--ops-impl", "torch", "--knob", "mode=plain",
      "--knob", "env:NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API=128", "--no-flush-l2", "--profile",
      "--ceiling-gbps", "450", "--timeout", "30", "--out", "x.jsonl"],

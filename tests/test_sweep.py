@@ -132,7 +132,7 @@ def test_sweep_resumes_after_interruption(tmp_path, capsys):
 def test_knob_sweep_fixes_best_of_earlier_axis(tmp_path, capsys):
     sw = tmp_path / "knobs.toml"
     sw.write_text(TINY.replace("[16, 32, 48]", "[16]") +
-                  '\n[knobs.alltoall]\nnum_sms = [2, 4]\n"env:MOEBENCH_TEST_KNOB" = ["a", "b"]\n')
+                  '\n[knobs.alltoall]\nops_impl = ["torch", "auto"]\n"env:MOEBENCH_TEST_KNOB" = ["a", "b"]\n')
     out = tmp_path / "k.jsonl"
     argv = ["--sweep", str(sw), "--knob-sweep", "--device", "cpu", "--ep", "2", "--backend", "alltoall",
             "--iters", "2", "--out", str(out)]
@@ -142,8 +142,8 @@ def test_knob_sweep_fixes_best_of_earlier_axis(tmp_path, capsys):
     recs = _records(out)
     stage1 = [r for r in recs if r["sweep"]["knobs"]["env:MOEBENCH_TEST_KNOB"] == "a"]
     stage2 = [r for r in recs if r["sweep"]["knobs"]["env:MOEBENCH_TEST_KNOB"] == "b"]
-    assert {r["sweep"]["knobs"]["num_sms"] for r in stage1} == {2, 4}
-    best_sms = knobs.best_knobs(stage1)[0]["knobs"]["num_sms"]
-    assert stage2 and {r["sweep"]["knobs"]["num_sms"] for r in stage2} == {best_sms}
-    assert all(r["backend"]["knobs"].get("num_sms") == r["sweep"]["knobs"]["num_sms"] for r in recs)
+    assert {r["sweep"]["knobs"]["ops_impl"] for r in stage1} == {"torch", "auto"}
+    best_impl = knobs.best_knobs(stage1)[0]["knobs"]["ops_impl"]
+    assert stage2 and {r["sweep"]["knobs"]["ops_impl"] for r in stage2} == {best_impl}
+    assert all(r["backend"]["knobs"].get("ops_impl") == r["sweep"]["knobs"]["ops_impl"] for r in recs)
     assert "MOEBENCH_TEST_KNOB" not in os.environ                  # the env knob was set for the ranks only

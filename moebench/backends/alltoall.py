@@ -1,10 +1,15 @@
 """`alltoall`: Megatron-Core's MoEAlltoAllTokenDispatcher path on plain torch.distributed.
 
 dispatch: permute rows by global expert (= by destination rank) -> exchange per-expert counts ->
-host sync for the splits -> all_to_all_single of the rows, then of the probs -> sort the received
-(source rank, local expert) chunks into (local expert, source rank) order.
+one host sync for the splits -> all_to_all_single of the rows, then of the probs -> sort the
+received (source rank, local expert) chunks into (local expert, source rank) order.
 combine mirrors it: inverse chunk sort -> all_to_all_single back -> weighted unpermute.
 It sends one copy per (token, expert), so its wire bytes exceed the deduplicated pairs.
+
+No work that does nothing: with one rank or one local expert the chunk order is already expert-major,
+so neither chunk sort runs (Megatron sorts anyway; `mcore-alltoall` keeps that). The permute writes
+into its upper-bound buffer without waiting for the row count; the send and receive counts reach the
+host together in one copy, and the chunk sorts take their split sizes from the device copy.
 """
 from __future__ import annotations
 
@@ -23,13 +28,14 @@ class _Handle:
     topk_w_TK: torch.Tensor
     input_splits: list[int]      # rows sent to each rank
     output_splits: list[int]     # rows received from each rank
-    recv_counts_WL: torch.Tensor  # rows received per (source rank, local expert), on the host
+    recv_counts_WL: torch.Tensor  # rows received per (source rank, local expert), on the device
 
 
 class AlltoallBackend(Backend):
     name = "alltoall"
     dedup = False
     supports_fp8 = True
+    comm_kernels = ("nccl",)      # NCCL's send/recv kernels; none at EP 1 or on gloo
 
     def setup(self, group, w, device):
         super().setup(group, w, device)
@@ -53,35 +59,56 @@ class AlltoallBackend(Backend):
         dist.all_to_all_single(out, flat.contiguous(), out_splits, in_splits, group=self.group)
         return out.view(x.dtype) if x.dtype == torch.float8_e4m3fn else out
 
+    def _sorts(self) -> bool:
+        """Whether the received chunks need sorting: not with one rank or one local expert."""
+        return self.world > 1 and self.w.local_experts > 1
+
     def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
         w, W, L = self.w, self.world, self.w.local_experts
-        p = ops.permute(x_TH, topk_idx_TK, w.num_experts, scales_TS=scales_TS, impl=self.impl)
+        T, K = topk_idx_TK.shape
+        # T*K rows bound the count: the permute needs no wait, its rows past the count are never sent
+        p = ops.permute(x_TH, topk_idx_TK, w.num_experts, scales_TS=scales_TS, impl=self.impl, num_out_rows=T * K)
         probs_R = probs_by_row(p.row_map_TK, topk_w_TK, p.x_RH.shape[0])
-        send_counts = p.tokens_per_expert.to(torch.int64).view(W, L)
-        recv_counts = torch.empty_like(send_counts)
         if W > 1:
+            send_counts = p.tokens_per_expert.to(torch.int64).view(W, L)
+            recv_counts = torch.empty_like(send_counts)
             dist.all_to_all_single(recv_counts, send_counts, group=self.group)
-        else:
-            recv_counts.copy_(send_counts)
-        recv_counts = recv_counts.cpu()                      # the host sync Megatron has too
-        in_splits = send_counts.sum(1).tolist()
-        out_splits = recv_counts.sum(1).tolist()
-        R = sum(out_splits)
-        x_R = self._a2a(p.x_RH, R, out_splits, in_splits)
-        probs_recv = self._a2a(probs_R, R, out_splits, in_splits)
-        scales_R = self._a2a(p.scales_RS, R, out_splits, in_splits) if p.scales_RS is not None else None
-        if L > 1:
-            chunks = recv_counts.view(-1).to(x_TH.device, non_blocking=True)
+            host = torch.stack([send_counts, recv_counts]).cpu()     # the one host sync (Megatron has it too)
+        else:                                                        # one rank: what it sends it receives
+            recv_counts = p.tokens_per_expert.view(W, L)
+            host = recv_counts.cpu().expand(2, W, L)
+        in_splits, out_splits = host[0].sum(1).tolist(), host[1].sum(1).tolist()
+        S, R = sum(in_splits), sum(out_splits)
+        x_R = self._a2a(p.x_RH[:S], R, out_splits, in_splits)
+        probs_recv = self._a2a(probs_R[:S], R, out_splits, in_splits)
+        scales_R = self._a2a(p.scales_RS[:S], R, out_splits, in_splits) if p.scales_RS is not None else None
+        if self._sorts():
+            chunks = recv_counts.view(-1)
             sort = lambda t: ops.sort_chunks_by_idxs(t, chunks, self.to_expert_major, impl=self.impl)  # noqa: E731
             x_R, probs_recv = sort(x_R), sort(probs_recv[:, None])[:, 0]
             scales_R = sort(scales_R) if scales_R is not None else None
         handle = _Handle(p.row_map_TK, topk_w_TK, in_splits, out_splits, recv_counts)
-        return Dispatched(x_R, recv_counts.sum(0).tolist(), handle, scales_R, probs_recv)
+        return Dispatched(x_R, host[1].sum(0).tolist(), handle, scales_R, probs_recv)
 
     def combine(self, y_RH, handle: _Handle):
-        L = self.w.local_experts
-        if L > 1:
-            chunks = handle.recv_counts_WL.t().reshape(-1).to(y_RH.device, non_blocking=True)
+        if self._sorts():
+            chunks = handle.recv_counts_WL.t().reshape(-1)
             y_RH = ops.sort_chunks_by_idxs(y_RH, chunks, self.to_rank_major, impl=self.impl)
         back = self._a2a(y_RH, sum(handle.input_splits), handle.input_splits, handle.output_splits)
         return ops.unpermute(back, handle.row_map_TK, handle.topk_w_TK, impl=self.impl)
+
+    def cached_phases(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
+        """The exchange alone with the checked dispatch's splits reused: no permute, no count
+        exchange, no host sync (what the all-to-all would cost with the metadata known)."""
+        h: _Handle = d.handle
+        S, R = sum(h.input_splits), sum(h.output_splits)
+        rows = x_TH.new_empty((S, x_TH.shape[1]))
+        scales = scales_TS.new_empty((S, scales_TS.shape[1])) if scales_TS is not None else None
+        back = y_RH[:R]
+
+        def dispatch():
+            out = self._a2a(rows, R, h.output_splits, h.input_splits)
+            if scales is not None:
+                self._a2a(scales, R, h.output_splits, h.input_splits)
+            return out
+        return {"dispatch": dispatch, "combine": lambda: self._a2a(back, S, h.input_splits, h.output_splits)}

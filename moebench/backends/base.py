@@ -61,8 +61,8 @@ def probs_by_row(row_map_TK: torch.Tensor, w_TK: torch.Tensor, num_rows: int) ->
     """fp32 [num_rows]: w[t,k] at permuted row row_map[t,k] (slots with -1 are dropped), without the
     device->host wait that boolean-mask indexing costs; rows no slot maps to are 0."""
     out = torch.zeros(num_rows + 1, dtype=torch.float32, device=w_TK.device)   # last: where -1 slots land
-    dst = torch.where(row_map_TK >= 0, row_map_TK, num_rows).long().reshape(-1)
-    out.scatter_(0, dst, w_TK.float().reshape(-1))
+    dst = row_map_TK.long().remainder_(num_rows + 1)                           # -1 -> num_rows (fewest launches)
+    out.scatter_(0, dst.reshape(-1), w_TK.float().reshape(-1))
     return out[:num_rows]
 
 
@@ -83,6 +83,7 @@ class Backend:
     # Timing view `kernel`: substrings of the profiler names of this backend's communication kernels
     # (the local permute and weighting kernels are not among them); () = no kernel view.
     comm_kernels: ClassVar[tuple[str, ...]] = ()
+    no_cached_view: ClassVar[str] = "this backend has no call that reuses the dispatch handle"
 
     @classmethod
     def available(cls) -> tuple[bool, str]:

@@ -176,6 +176,7 @@ class _McoreBackend(Backend):
     dispatcher_type: ClassVar[str] = "alltoall"
     flex_backend: ClassVar[str | None] = None
     supports_fp8 = False
+    no_cached_view = "Megatron's dispatcher recomputes its routing metadata on every call (no handle to reuse)"
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -304,6 +305,7 @@ class McoreAlltoallBackend(_McoreBackend):
     name = "mcore-alltoall"
     dedup = False
     dispatcher_type = "alltoall"
+    comm_kernels = ("nccl",)
 
 
 class McoreDeepEPBackend(_McoreBackend):

@@ -77,7 +77,8 @@ def _available(name: str) -> tuple[bool, str]:
 
 # Fastest first, per op, as measured side by side on the H200 (bench/results/permute-h200.jsonl):
 # CUDA's permute beats Triton's (0.81 vs 0.29-0.73 of copy at T 4096, Triton's host path varies),
-# Triton's unpermute beats CUDA's (1.00 vs 0.91).
+# Triton's unpermute beats CUDA's (1.00 vs 0.91). Issue 16 (permute16-h200-run*.jsonl): Triton's
+# permute now 1-5% behind CUDA's when its host path keeps up, 2x when the host is slow.
 PREFERENCE = {"permute": ("cuda", "triton"), "unpermute": ("triton", "cuda"),
               "sort_chunks_by_idxs": ("cuda", "triton")}
 

@@ -38,7 +38,7 @@ def _jit_build():
     major, minor = torch.cuda.get_device_capability()
     arch = f"{major}{minor}" + ("a" if major == 9 else "")
     h = hashlib.sha1()
-    for s in srcs + [CSRC / "moe_permute.h"]:
+    for s in srcs + [CSRC / "moe_permute.h", CSRC / "permute_gather.cuh"]:
         h.update(s.read_bytes())
     h.update(f"{torch.__version__}-{arch}".encode())
     build_dir = Path(os.environ.get("MOEBENCH_EXT_DIR", Path.home() / ".cache/moebench/ext"))

@@ -15,11 +15,12 @@ try:
 except ImportError:  # pragma: no cover - Triton without host-side tensor descriptors (< 3.3)
     TensorDescriptor = None
 
+from .triton_launch import launch
 from .triton_kernels import (_permute_copy, _permute_copy_tma, _route_rank, _route_scan, _sort_chunks,
                              _unpermute, _zero_pad)
 
 class Knobs(NamedTuple):
-    """Tunables (per-kernel block sizes). impl "triton@BH:WARPS:UBH:UWARPS:TMA" (a prefix of them;
+    """Tunables (per-kernel block sizes). impl "triton@BH:WARPS:UBH:UWARPS:TMA:CS" (a prefix of them;
     the rest default) picks them per call; env overrides set the defaults."""
     copy_bh: int        # words per chunk (permute)
     copy_warps: int
@@ -31,15 +32,20 @@ class Knobs(NamedTuple):
     # vs 148.5 us at T 4096, H 7168: bench/results/permute-h200.jsonl, impl triton@...:1) and the
     # descriptor costs host time, so TMA is opt-in.
     copy_tma: int
+    # 1 (default): the copy's loads and stores stream (evict-first loads, ".cs" stores), as the CUDA
+    # bulk copy's L2 evict-first hints do; 0: plain. On the H200 the copy kernel took 146.6 vs 148.7
+    # us at T 4096, H 7168 (bench/results/permute16-h200-run1.jsonl, triton@1024:4:1024:4:0:1;
+    # 143.7 vs 145.3 in run2).
+    copy_cs: int
 
 
 DEFAULT_KNOBS = Knobs(*(int(os.environ.get(f"MOEBENCH_TRITON_{k.upper()}", v)) for k, v in
                         (("copy_bh", 1024), ("copy_warps", 4), ("unperm_bh", 1024), ("unperm_warps", 4),
-                         ("copy_tma", 0))))
+                         ("copy_tma", 0), ("copy_cs", 1))))
 
 
 def knobs(variant: str = "") -> Knobs:
-    """The Knobs of a variant string "BH:WARPS:UBH:UWARPS:TMA" ('' or a prefix: the rest default)."""
+    """The Knobs of a variant string "BH:WARPS:UBH:UWARPS:TMA:CS" ('' or a prefix: the rest default)."""
     return _parse_knobs(variant) if variant else DEFAULT_KNOBS
 
 
@@ -80,19 +86,20 @@ def route(topk_idx_TK: Tensor, num_experts: int, pad_multiple: int, host=None):
     dev = topk_idx_TK.device
     SB = _slot_block(n)
     NB = -(-n // SB)  # triton.cdiv costs microseconds of host time per call
-    lrank = torch.empty(n, dtype=torch.int32, device=dev)
-    ws = torch.empty(NB * E + 2 * E + 2, dtype=torch.int32, device=dev)
+    n4 = -(-n // 4) * 4          # base, the scan's array, starts 16-byte aligned
+    ws = torch.empty(n4 + NB * E + 2 * E + 2, dtype=torch.int32, device=dev)   # one allocation
     tpe = torch.empty(E, dtype=torch.int32, device=dev)  # own storage: it is returned
-    base = ws[: NB * E]
-    estart, ecount = ws[NB * E: NB * E + E], ws[NB * E + E: NB * E + 2 * E]
+    lrank, base = ws[:n], ws[n4: n4 + NB * E]
+    o = n4 + NB * E
+    estart, ecount = ws[o: o + E], ws[o + E: o + 2 * E]
     total, done = ws[-2:-1], ws[-1:]
-    _route_rank[(NB,)](topk_idx_TK, n, E, lrank, base, done, SB=SB, EP=_pow2(E + 1), num_warps=4)
+    launch(_route_rank, (NB,), 4, topk_idx_TK, n, E, lrank, base, done, SB, _pow2(E + 1))
     # one program per 64 experts (a single program for all experts took 16.4 us at E 256 on the
     # H200, 10% of the permute at T 4096)
     host_t, slot = host if host is not None else (total, 0)
     EB = 64
-    _route_scan[(-(-E // EB),)](base, NB, E, pad_multiple, tpe, estart, ecount, total, done, host_t,
-                                slot, BB=64, EB=EB, HOST=host is not None, num_warps=4)
+    launch(_route_scan, (-(-E // EB),), 4, base, NB, E, pad_multiple, tpe, estart, ecount, total, done,
+           host_t, slot, 64, EB, host is not None)
     return lrank, base, tpe, estart, ecount, total, SB
 
 
@@ -197,11 +204,10 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
                                 NC, BW, K=K, KP=_pow2(K), NB=NB, BB=BB, HAS_S=has_s, BS=BS,
                                 num_warps=k.copy_warps)
     else:
-        _permute_copy[(T,)](xw, sw, ow, osw, idx, lrank, base, estart, row_map, W, WS, E, SB, K=K,
-                            KP=_pow2(K), BH=BH, HAS_S=has_s, BS=BS, num_warps=k.copy_warps)
+        launch(_permute_copy, (T,), k.copy_warps, xw, sw, ow, osw, idx, lrank, base, estart, row_map,
+               W, WS, E, SB, K, _pow2(K), BH, has_s, BS, k.copy_cs)
     if pad_multiple > 1:
-        _zero_pad[(E,)](ow, osw, estart, ecount, tpe, W, WS, BH=BH, HAS_S=has_s, BS=BS,
-                        num_warps=4)
+        launch(_zero_pad, (E,), 4, ow, osw, estart, ecount, tpe, W, WS, BH, has_s, BS)
     if ring:
         ring["events"][slot].synchronize()
         R = int(ring["view"][slot])
@@ -221,8 +227,8 @@ def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor, variant: str 
         return out.zero_()
     k = knobs(variant)
     BH = min(k.unperm_bh, _pow2(H))
-    _unpermute[(T,)](y, row_map_TK.contiguous(), topk_w_TK.contiguous(), out, H, K=K,
-                     KP=_pow2(K), BH=BH, num_warps=k.unperm_warps)
+    launch(_unpermute, (T,), k.unperm_warps, y, row_map_TK.contiguous(), topk_w_TK.contiguous(), out,
+           H, K, _pow2(K), BH)
     return out
 
 
@@ -237,6 +243,6 @@ def sort_chunks_by_idxs(x_RH: Tensor, split_sizes_C: Tensor, sorted_idxs_C: Tens
     CP = _pow2(C)
     BR = max(1, min(16, 4096 // CP))
     BH = min(max(16, 4096 // BR), _pow2(W))
-    _sort_chunks[(-(-R // BR),)](xw, ow, split_sizes_C.contiguous(), sorted_idxs_C.contiguous(),
-                                 R, W, C, CP=CP, BR=BR, BH=BH, num_warps=4)
+    launch(_sort_chunks, (-(-R // BR),), 4, xw, ow, split_sizes_C.contiguous(),
+           sorted_idxs_C.contiguous(), R, W, C, CP, BR, BH)
     return out

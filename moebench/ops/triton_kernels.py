@@ -136,7 +136,8 @@ def _copy_scales(s_ptr, outs_ptr, t, row, WS, KP: tl.constexpr, BS: tl.constexpr
 @triton.jit
 def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr, estart_ptr,
                   row_map_ptr, W, WS, E, SB, K: tl.constexpr, KP: tl.constexpr, BH: tl.constexpr,
-                  HAS_S: tl.constexpr, BS: tl.constexpr):
+                  HAS_S: tl.constexpr, BS: tl.constexpr, CS: tl.constexpr):
+    """CS: streaming access (the row is read once: evict-first load; ".cs" stores)."""
     t = tl.program_id(0).to(tl.int64)
     row = _slot_rows(idx_ptr, lrank_ptr, base_ptr, estart_ptr, row_map_ptr, t, E, SB, K, KP)
     ok = row >= 0
@@ -144,9 +145,14 @@ def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr,
     for h0 in range(0, W, BH):
         h = h0 + tl.arange(0, BH)
         mh = h < W
-        v = tl.load(x_ptr + t * W + h, mask=mh)
-        tl.store(out_ptr + row64[:, None] * W + h[None, :], tl.broadcast_to(v[None, :], (KP, BH)),
-                 mask=ok[:, None] & mh[None, :])
+        dst = out_ptr + row64[:, None] * W + h[None, :]
+        m = ok[:, None] & mh[None, :]
+        if CS:
+            v = tl.load(x_ptr + t * W + h, mask=mh, eviction_policy="evict_first")
+            tl.store(dst, tl.broadcast_to(v[None, :], (KP, BH)), mask=m, cache_modifier=".cs")
+        else:
+            v = tl.load(x_ptr + t * W + h, mask=mh)
+            tl.store(dst, tl.broadcast_to(v[None, :], (KP, BH)), mask=m)
     if HAS_S:
         _copy_scales(s_ptr, outs_ptr, t, row, WS, KP, BS)
 

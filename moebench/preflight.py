@@ -1,0 +1,164 @@
+"""Checks made before any rank starts, so that a backend which cannot run here costs no launch.
+
+- Megatron-Core's token dispatchers need CUDA: on a CPU run the mcore-* backends are WAIVED here,
+  not after their ranks start, import megatron-core and give up (8-18 s each).
+- Memory: an estimate of what one case needs, host memory on CPU and device memory per GPU on
+  CUDA, against what this machine has. It is an estimate, not a measurement: the sum of the large
+  tensors a rank holds at its peak (below), plus a fixed cost per rank process, times the ranks that
+  share the memory. A named backend that does not fit is refused (exit 2, spec.check); with
+  `--backend all` it is WAIVED; a sweep skips the case. The estimate and what is available are named.
+
+Per rank, with T tokens, H hidden, K top-k, b payload bytes per row (bf16 2H, fp8 H + H/32), S
+slots sent, R (token, expert) rows received, P (token, rank) pairs received, M rows of the rank's
+busiest local expert (counts from the case's own routing, as the byte rule counts them):
+  held:      x (2TH), the oracle's expected rows (R b), the dispatched rows (R b), the expert
+             outputs (2RH) and the combine output (2TH)
+  peak of:   the oracle's combine, fp32 [T, K, H] products (8TKH + 4TH); the dispatch check's row
+             keys of one expert (24MH); one backend call (alltoall-like: (S + 2R) b; deduplicating
+             backends: (P + R) b)
+  on CUDA:   the L2 flush buffer, a CUDA context, and the backend's buffers (deepep-ll: its RDMA
+             buffer and [E, T, H] receive slots; deepep, hybridep: receive room for every rank's
+             tokens, EP x T x (b + 2H), an assumption, not DeepEP's or HybridEP's own size rule)
+On CPU this was checked against the peak RSS of the ranks (tests/test_robust_preflight.py): the
+estimate read 0.8-1.0 of it for 2 and 8 ranks, so a case close to the limit may still be killed;
+its FAIL then says that the kill was likely for memory (launch.py).
+
+Ranks started by torchrun/Slurm each decide alone, so the memory check is skipped there.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .launch import joined_env
+from .megatron_map import MCORE_PREFIX
+from .timing import L2_FLUSH_BYTES
+from .workload import Workload, make_routing
+
+GiB = 2**30
+RANK_PROCESS_HOST = 240 * 2**20      # a CPU rank: Python, torch and a gloo group (RSS, measured)
+RANK_CONTEXT_CUDA = 512 * 2**20      # a CUDA context and NCCL's buffers per GPU rank (rough)
+CHECK_KEY_BYTES = 24                 # int32 row keys of got + expected (4 + 4), int64 hash terms (8 + 8)
+DEDUP_BUFFERS = ("deepep", "hybridep", "mcore-deepep", "mcore-hybridep")
+
+
+def needs_cuda(name: str, opts) -> str:
+    """Why a backend cannot run on this run's device ('' when it can)."""
+    if name.startswith(MCORE_PREFIX) and opts.device != "cuda" and not opts.knobs.get("mcore_cpu_emulation"):
+        return ("megatron-core's token dispatchers need CUDA (MoEAlltoAllTokenDispatcher creates a "
+                "torch.cuda.Stream); run with --device cuda")
+    return ""
+
+
+@functools.lru_cache(maxsize=16)
+def routing_counts(w: Workload) -> dict[str, list[int]]:
+    """Per rank: slots sent, (token, expert) rows and (token, rank) pairs received, and the rows of
+    its busiest local expert, from every rank's routing."""
+    W, L = w.ep, w.local_experts
+    per_expert = torch.zeros(w.num_experts, dtype=torch.int64)
+    pairs = torch.zeros(W, dtype=torch.int64)
+    sent = []
+    for r in range(W):
+        idx = make_routing(w, r)[0]
+        valid = idx >= 0
+        sent.append(int(valid.sum()))
+        per_expert += torch.bincount(idx[valid], minlength=w.num_experts)
+        hit = torch.zeros(idx.shape[0], W, dtype=torch.bool)
+        hit.scatter_(1, torch.where(valid, idx // L, 0), valid)
+        pairs += hit.sum(0)
+    by_rank = per_expert.view(W, L)
+    return {"sent": sent, "rows": by_rank.sum(1).tolist(), "pairs": pairs.tolist(),
+            "busiest": by_rank.max(1).values.tolist()}
+
+
+def rank_bytes(name: str, dedup: bool, w: Workload, c: dict, r: int, cuda: bool) -> int:
+    """The estimate for rank r (see the module docstring)."""
+    T, H, K, b = w.num_tokens, w.hidden, w.topk, w.bytes_per_token
+    S, R, P, M = c["sent"][r], c["rows"][r], c["pairs"][r], c["busiest"][r]
+    held = 2 * T * H + (T * H if w.dtype == "fp8" else 0) + 2 * R * b + 2 * R * H + 2 * T * H
+    call = (P + R) * b if dedup else (S + 2 * R) * b
+    peak = max(8 * T * K * H + 4 * T * H, CHECK_KEY_BYTES * M * H, call)
+    if not cuda:
+        return held + peak + RANK_PROCESS_HOST
+    extra = L2_FLUSH_BYTES + RANK_CONTEXT_CUDA
+    if name == "deepep-ll":
+        from .backends.deepep import ll_buffer_bytes
+        extra += ll_buffer_bytes(w) + w.num_experts * T * 2 * H
+    elif name in DEDUP_BUFFERS:
+        extra += w.ep * T * (b + 2 * H)
+    return held + peak + extra
+
+
+@dataclass
+class Estimate:
+    per_rank: list[int]       # bytes each rank needs
+    ranks_per_pool: int       # ranks sharing one memory: all of them on CPU, ranks_per_gpu on CUDA
+    where: str                # "host memory" | "device memory per GPU"
+
+    @property
+    def need(self) -> int:
+        """The fullest pool: on CPU every rank, on CUDA the ranks of the busiest GPU."""
+        n = self.ranks_per_pool
+        return max(sum(self.per_rank[i:i + n]) for i in range(0, len(self.per_rank), n))
+
+
+def estimate(name: str, dedup: bool, w: Workload, opts) -> Estimate:
+    cuda = opts.device == "cuda"
+    c = routing_counts(w)
+    per = [rank_bytes(name, dedup, w, c, r, cuda) for r in range(w.ep)]
+    if cuda:
+        return Estimate(per, max(1, opts.ranks_per_gpu), "device memory per GPU")
+    return Estimate(per, w.ep, "host memory")
+
+
+def available_bytes(device: str) -> int | None:
+    """Host: MemAvailable; CUDA: the smallest GPU's total memory. None when it cannot be read."""
+    if device == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return min((torch.cuda.get_device_properties(i).total_memory for i in range(n)), default=None)
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return None
+
+
+def memory_problem(name: str, dedup: bool, w: Workload, opts) -> str:
+    """'' when the case fits (or nothing can be said); else one line with the estimate and what is there."""
+    if joined_env() is not None:
+        return ""
+    have = available_bytes(opts.device)
+    if have is None:
+        return ""
+    e = estimate(name, dedup, w, opts)
+    if e.need <= have:
+        return ""
+    shared = f"{e.ranks_per_pool} ranks, up to {max(e.per_rank) / GiB:.1f} GiB each" if e.ranks_per_pool > 1 else "1 rank"
+    there = "available" if opts.device == "cpu" else "on the GPU"
+    return (f"{name} on EP {w.ep} needs ~{e.need / GiB:.1f} GiB of {e.where} (an estimate: {shared}; the "
+            f"oracle's fp32 [T, K, H] products, payload copies, the rank processes), {have / GiB:.1f} GiB {there}: "
+            "lower --num-tokens, --hidden, --topk or --ep" + (", or run on GPUs" if opts.device == "cpu" else ""))
+
+
+def waiver(name: str, w: Workload, opts) -> str:
+    """Why a backend that is installed and takes the shape still cannot run here ('' when it can):
+    runner.waiver's last check, made before any rank starts."""
+    from .backends import base
+    return needs_cuda(name, opts) or memory_problem(name, base.get(name).dedup, w, opts)
+
+
+def refusal(name: str, w: Workload, opts) -> str:
+    """For a backend named on the command line (bad input, exit 2): the memory problem of one that
+    would otherwise run here; '' when it fits, or when it will be WAIVED anyway."""
+    from .backends import base
+    cls = base.get(name)
+    if not cls.available()[0] or needs_cuda(name, opts):
+        return ""
+    return memory_problem(name, cls.dedup, w, opts)

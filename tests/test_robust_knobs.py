@@ -1,0 +1,60 @@
+"""Issue 13, item 5: a --knob (or sweep knob axis) no backend of the run reads is one line, exit 2."""
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from moebench import dispatch, knobs
+from moebench.backends import base
+
+TINY = ["--device", "cpu", "--ep", "2", "--num-tokens", "8", "--hidden", "64", "--num-experts", "8", "--topk", "2",
+        "--iters", "1"]
+
+
+@pytest.mark.parametrize("backend, knob, listed", [
+    ("alltoall", "mode=plain", "alltoall: ops_impl"),
+    ("hybridep", "num_sm=8", "num_sms_dispatch"),
+    ("alltoall,deepep", "chunk=4", "deepep: num_sms, ops_impl"),
+    ("alltoall", "env:=3", "names no variable"),
+])
+def test_unknown_knob_names_the_flag_and_the_known_knobs(tmp_path, capsys, monkeypatch, backend, knob, listed):
+    monkeypatch.setattr(dispatch, "run_case", lambda *a, **k: pytest.fail("ran with an unknown knob"))
+    rc = dispatch.main([*TINY, "--backend", backend, "--knob", knob, "--out", str(tmp_path / "r.jsonl")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "--knob" in err[0] and knob.split("=")[0] in err[0] and listed in err[0], err[0]
+
+
+def test_known_and_env_knobs_still_pass():
+    from moebench.spec import RunSpec
+    spec = RunSpec.from_argv([*TINY, "--backend", "all", "--knob", "mode=plain", "--knob", "env:CHUNK=64"])
+    assert spec.knobs["mode"] == "plain" and spec.options().env == {"CHUNK": "64"}
+    assert RunSpec.from_argv([*TINY, "--backend", "deepep", "--knob", "num_sms=24"]).knobs["num_sms"] == 24
+
+
+def test_sweep_knob_axes_are_checked_against_their_backend(tmp_path, capsys):
+    sw = tmp_path / "s.toml"
+    sw.write_text("num_experts = 8\ntopk = 2\nnum_tokens = 16\nhidden = 64\n[knobs.deepep]\nmode = ['plain']\n")
+    rc = dispatch.main(["--sweep", str(sw), "--device", "cpu", "--ep", "2", "--out", str(tmp_path / "r.jsonl")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and str(sw) in err[0] and "[knobs.deepep]" in err[0] and "num_sms" in err[0]
+
+
+def names_read(module) -> set[str]:
+    """The literal knob names a backend module reads from knob_values."""
+    src = Path(module.__file__).read_text()
+    return set(re.findall(r"knob_values(?:\.get\(|\[)\"(\w+)\"", src))
+
+
+def test_knob_table_matches_what_the_backend_modules_read():
+    table = knobs.backend_knobs()
+    assert set(table) == set(base.REGISTRY)
+    by_module: dict = {}
+    for name, target in base.REGISTRY.items():
+        by_module.setdefault(target.split(":")[0], set()).update(table[name])
+    for mod, listed in by_module.items():
+        m = importlib.import_module(mod)
+        extra = set(getattr(m, "SM_KNOBS", {}))         # hybridep reads its SM knobs through this table
+        assert names_read(m) <= listed, (mod, names_read(m) - listed)
+        assert listed - extra <= names_read(m) | {"ops_impl"} | ({"num_sms"} if "mcore" in mod else set()), mod

@@ -1,0 +1,127 @@
+"""Timing views (api / cached / kernel), the upstream byte-rule assertion, host time per phase, the
+alltoall path's skipped identity sorts, and phases that move no payload."""
+import json
+
+import pytest
+import torch
+
+from moebench import ops, views
+from moebench.backends import base
+from moebench.backends.alltoall import AlltoallBackend
+from moebench.dispatch import main
+from moebench.launch import run_ranks
+from moebench.runner import PAYLOAD_OF, build_records, rank_main
+from moebench.spec import Options
+from moebench.traffic import traffic_of
+from moebench.workload import Workload, make_routing
+
+W = Workload(num_tokens=16, hidden=64, num_experts=8, topk=2, ep=2)
+
+
+class WrongBytes(AlltoallBackend):
+    """Reports one byte more than it received, as a backend whose own rule disagreed would."""
+    name = "test-wrong-bytes"
+
+    def native_bytes(self, d):
+        return self._expected + 1
+
+    def setup(self, group, w, device):
+        super().setup(group, w, device)
+        import torch.distributed as dist
+        self._expected = RANK_BYTES[dist.get_rank(group)]
+
+
+def rank_bytes(w):
+    t = traffic_of([make_routing(w, r)[0] for r in range(w.ep)], w)
+    return (t.pairs_SD.sum(0).double() * w.bytes_per_token).tolist()
+
+
+RANK_BYTES = rank_bytes(W)
+
+
+def run_fake(ctx, name, cls_path, rb):
+    base.REGISTRY[name] = cls_path
+    return rank_main(ctx, W, name, Options(iters=2, warmup_ms=0), measure=False, rank_bytes=rb)
+
+
+def test_a_backend_whose_own_byte_count_differs_fails_the_check():
+    outs = run_ranks(run_fake, 2, "cpu", timeout_s=60, args=("test-wrong-bytes", "test_views:WrongBytes", RANK_BYTES))
+    assert {o["status"] for o in outs} == {"FAIL"}
+    assert "byte rule" in outs[0]["error"] and outs[0]["phases"] == {}
+
+
+def test_cpu_records_carry_all_three_views(tmp_path):
+    out = tmp_path / "r.jsonl"
+    assert main(["--ep", "2", "--num-tokens", "16", "--hidden", "64", "--num-experts", "8", "--topk", "2",
+                 "--backend", "alltoall", "--iters", "3", "--out", str(out)]) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    for r in recs:
+        v = r["views"]
+        assert v["api"]["median_us"] == r["timing"]["median_us"]
+        assert v["cached"]["mean_us"] > 0 and v["cached"]["iters"] == 3
+        assert v["cached"]["max_over_ranks_us"] >= v["cached"]["mean_us"]
+        assert "none" in v["kernel"]          # CPU: no GPU kernels to attribute
+
+
+def test_comm_kernel_sum_takes_only_named_kernels():
+    rows = [{"kernel": "ncclDevKernel_SendRecv", "us_per_iter": 10.0}, {"kernel": "permute_rows", "us_per_iter": 5.0},
+            {"kernel": "ncclDevKernel_Reduce", "us_per_iter": 2.5}]
+    us, hit = views.comm_kernel_us(rows, ("nccl",))
+    assert us == 12.5 and hit == ["ncclDevKernel_SendRecv", "ncclDevKernel_Reduce"]
+    assert views.host_split(20.0, rows) == {"kernel_sum_us": 17.5, "host_us": 2.5}
+
+
+def test_layout_phase_has_no_bytes_and_no_gbps():
+    t = traffic_of([make_routing(W, r)[0] for r in range(W.ep)], W)
+    timing = {"median_us": 10.0, "p10_us": 9.0, "p90_us": 11.0}
+    res = {"status": "PASS", "phases": {"dispatch": timing, "layout": timing}, "knobs": {}}
+    recs = build_records(W, "deepep", res, t, None, Options(), [], "now")
+    by = {r["phase"]: r for r in recs}
+    assert "algbw_GBps" in by["dispatch"]["traffic"] and by["dispatch"]["traffic"]["bytes"] > 0
+    assert "bytes" not in by["layout"]["traffic"] and "algbw_GBps" not in by["layout"]["traffic"]
+    assert "layout" not in PAYLOAD_OF
+
+
+@pytest.mark.parametrize("ep,experts", [(1, 8), (2, 2)])
+def test_alltoall_skips_the_identity_chunk_sort(ep, experts, monkeypatch):
+    """EP 1, or one local expert per rank: the received chunks are already expert-major."""
+    w = Workload(num_tokens=16, hidden=64, num_experts=experts, topk=2, ep=ep, routing="uniform,masked:0.3")
+    outs = run_ranks(_count_sorts, ep, "cpu", timeout_s=60, args=(w,))
+    assert all(o == (0, "") for o in outs), outs
+
+
+def test_alltoall_still_sorts_when_chunks_interleave():
+    w = Workload(num_tokens=16, hidden=64, num_experts=8, topk=2, ep=2)
+    outs = run_ranks(_count_sorts, 2, "cpu", timeout_s=60, args=(w,))
+    assert all(o[0] > 0 and o[1] == "" for o in outs), outs
+
+
+def _count_sorts(ctx, w):
+    from moebench import workload
+    from moebench.runner import _check
+    calls = []
+    real = ops.sort_chunks_by_idxs
+    ops.sort_chunks_by_idxs = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        b = AlltoallBackend(knob_values={"ops_impl": "torch"})
+        b.setup(ctx.group, w, ctx.device)
+        x, idx, wt, q, s = workload.rank_inputs(w, ctx.rank)
+        err = _check(b, w, ctx.rank, x, idx, wt, s, ctx.device)[0]
+    finally:
+        ops.sort_chunks_by_idxs = real
+    return len(calls), err
+
+
+def test_alltoall_cached_view_moves_the_same_rows():
+    outs = run_ranks(_cached_rows, 2, "cpu", timeout_s=60, args=(W,))
+    assert all(a == b for a, b in outs), outs
+
+
+def _cached_rows(ctx, w):
+    from moebench import workload
+    b = AlltoallBackend(knob_values={"ops_impl": "torch"})
+    b.setup(ctx.group, w, ctx.device)
+    x, idx, wt, q, s = workload.rank_inputs(w, ctx.rank)
+    d = b.dispatch(x, idx, wt)
+    fns = b.cached_phases(x, idx, wt, None, d, d.x_RH)
+    return fns["dispatch"]().shape[0], d.x_RH.shape[0]
