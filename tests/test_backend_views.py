@@ -139,7 +139,8 @@ def test_low_latency_combine_writes_only_into_the_setup_buffer(sim):
 
 
 def test_dispatch_cli_runs_the_simulated_backends(sim, tmp_path):
-    """End to end through `python -m moebench.dispatch`: PASS records with the upstream byte figures."""
+    """End to end through `python -m moebench.dispatch`: PASS, the runner's byte-rule assertion made, cached
+    views timed, the upstream byte figures in every payload phase's record."""
     import os
     import subprocess
     import sys
@@ -155,4 +156,10 @@ def test_dispatch_cli_runs_the_simulated_backends(sim, tmp_path):
     assert {r["backend"]["name"] for r in recs} == {"deepep", "deepep-ll", "hybridep"}
     for r in recs:
         assert r["check"]["status"] == "PASS", r["check"]
+        if r["phase"] == "layout":
+            continue
         assert r["traffic"]["upstream"]["deepep_ll_bytes"] > 0 and "deepep_rdma_bytes" not in r["traffic"]["upstream"]
+        assert "mean_us" in r["views"]["cached"], r["views"]
+        if r["phase"] == "dispatch" and r["backend"]["name"] != "deepep-ll":
+            nb = r["check"]["native_bytes"]
+            assert nb["backend"] == nb["moebench"] > 0
