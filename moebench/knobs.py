@@ -19,9 +19,10 @@ def backend_knobs() -> dict[str, tuple[str, ...]]:
     table against the names the backend modules read."""
     from .backends.hybridep import SM_KNOBS
     deepep = ("num_sms", "ops_impl")
-    mcore_flex = ("num_sms", "mcore_cpu_emulation")
+    mcore_flex = ("num_sms", "mcore_cpu_emulation", "moe_permute_fusion")
     return {"alltoall": ("ops_impl",), "deepep": deepep, "deepep-ll": deepep,
-            "hybridep": ("mode", "num_sms", *SM_KNOBS, "ops_impl"), "mcore-alltoall": ("mcore_cpu_emulation",),
+            "hybridep": ("mode", "num_sms", *SM_KNOBS, "ops_impl"),
+            "mcore-alltoall": ("mcore_cpu_emulation", "moe_permute_fusion"),
             "mcore-deepep": mcore_flex, "mcore-hybridep": mcore_flex}
 
 

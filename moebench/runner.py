@@ -241,6 +241,7 @@ def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
         else:
             b = traffic.phase_bytes(t, w, carries, cls.dedup)
             rec_traffic = dict(b)
+            rec_traffic["upstream"] = traffic.upstream_bytes(t, w, carries)
         if timing and b:
             rec_traffic.update(traffic.bandwidth(b, timing["median_us"] * 1e-6))
             nominal = ceilings.ceiling_for(gpu, b["net_bytes"], opts.ceiling_gbps)

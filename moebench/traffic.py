@@ -10,6 +10,19 @@ Then for rank r:
                                                               alltoall: remote slots (+ 4-byte probs)
 Combine sends the same pairs back, always in bf16. Per-rank figures are averaged over ranks and the
 time t is the per-iteration max over ranks (timing.py), so a slow rank slows everybody's figure.
+
+Upstream byte rules (upstream_bytes), named figures beside moebench/1, as DeepEP's and HybridEP's
+own tests (branch hybrid-ep) count them, so a record can be set beside their tables:
+  deepep_rdma_bytes    tests/test_internode.py: (token, node) pairs sent, the sender's own node
+                       included (num_rdma_token_sent), x 2H; dispatch fp8 x (1 + 4/128)/2
+  deepep_ll_bytes      tests/test_low_latency.py: per routed (token, k) slot (-1 excluded), dispatch
+                       (H + H/128*4 + 16) bytes (its fp8 dispatch, whatever this run's dtype), combine 2H
+  hybridep_rdma_bytes  tests/test_hybrid_ep.py: count_rdma_send_from_routing_map (the same (token, node)
+                       pairs, local node kept "to align with DeepEP") x 2H x fp8 factor, and its combine
+                       reuses the dispatch figure, fp8 factor included
+The RDMA figures exist only when the run spans nodes (their tests print them only then). A node is
+gpus_per_node ranks: DeepEP's internode mode needs 8 (NUM_MAX_NVL_PEERS); HybridEP's is its NVLink
+domain, which the hybridep backend records in its knobs.
 """
 from __future__ import annotations
 
@@ -25,6 +38,7 @@ class Traffic:
     pairs_SD: torch.Tensor      # int64 [W, W]
     slots_SD: torch.Tensor      # int64 [W, W]
     gpus_per_node: int
+    node_pairs_S: torch.Tensor | None = None   # int64 [W]: (token, node) pairs each rank sends, own node included
 
     @property
     def world(self) -> int:
@@ -57,10 +71,22 @@ def count_pairs(topk_idx_TK: torch.Tensor, w: Workload) -> tuple[torch.Tensor, t
     return pairs, slots
 
 
+def count_node_pairs(topk_idx_TK: torch.Tensor, w: Workload) -> int:
+    """(token, node) pairs one rank sends, its own node included (DeepEP's num_rdma_token_sent)."""
+    idx = topk_idx_TK.cpu()
+    valid = idx >= 0
+    node = torch.where(valid, idx // w.local_experts // w.gpus_per_node, -1)
+    nodes = -(-w.ep // w.gpus_per_node)
+    hit = torch.zeros(idx.shape[0], nodes + 1, dtype=torch.bool)
+    hit[torch.arange(idx.shape[0])[:, None], node] = True       # column -1 (the last) collects masked slots
+    return int(hit[:, :nodes].sum())
+
+
 def traffic_of(routings: list[torch.Tensor], w: Workload) -> Traffic:
     """Traffic from every rank's topk_idx (index = source rank)."""
     rows = [count_pairs(idx, w) for idx in routings]
-    return Traffic(torch.stack([p for p, _ in rows]), torch.stack([s for _, s in rows]), w.gpus_per_node)
+    nodes = torch.tensor([count_node_pairs(idx, w) for idx in routings], dtype=torch.int64)
+    return Traffic(torch.stack([p for p, _ in rows]), torch.stack([s for _, s in rows]), w.gpus_per_node, nodes)
 
 
 def phase_bytes(t: Traffic, w: Workload, phase: str, dedup: bool) -> dict[str, float]:
@@ -77,6 +103,22 @@ def phase_bytes(t: Traffic, w: Workload, phase: str, dedup: bool) -> dict[str, f
         "net_bytes": c["net_pairs"] * bpt,
         "wire_bytes": wire_rows * (bpt + wire_extra),
     }
+
+
+LL_FP8_SLOT_EXTRA = 16          # bytes of metadata per low-latency fp8 message (test_low_latency's "+ 16")
+
+
+def upstream_bytes(t: Traffic, w: Workload, phase: str) -> dict[str, float]:
+    """Mean-over-ranks bytes of a phase ('dispatch' or 'combine') by DeepEP's and HybridEP's own rules
+    (module docstring); the RDMA figures only when the ranks span more than one node."""
+    H, dispatch = w.hidden, phase == "dispatch"
+    slots = t.slots_SD.sum().item() / t.world
+    out = {"deepep_ll_bytes": slots * ((H + H // 128 * 4 + LL_FP8_SLOT_EXTRA) if dispatch else 2 * H)}
+    if t.world > t.gpus_per_node and t.node_pairs_S is not None:
+        node_pairs = t.node_pairs_S.double().mean().item()
+        out["deepep_rdma_bytes"] = node_pairs * (w.bytes_per_token if dispatch else 2 * H)
+        out["hybridep_rdma_bytes"] = node_pairs * w.bytes_per_token
+    return out
 
 
 def bandwidth(b: dict[str, float], seconds: float) -> dict[str, float]:

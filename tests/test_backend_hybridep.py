@@ -129,3 +129,29 @@ def test_cuda_home(monkeypatch, tmp_path):
     monkeypatch.setattr(toolkit, "DEFAULT_HOMES", (str(tmp_path),))
     assert cuda_home() == str(tmp_path.resolve())          # derived from the nvcc found, exported
     assert os.environ["CUDA_HOME"] == str(tmp_path.resolve())
+
+
+def moebench_kernel_names() -> list[str]:
+    """Every kernel moebench launches itself: CUDA __global__ functions and Triton jit functions."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    cu = (root / "csrc" / "moe_permute.cu").read_text()
+    names = re.findall(r"__global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\s*\(", cu)
+    names += re.findall(r"@triton\.jit[^\n]*\ndef (\w+)", (root / "moebench" / "ops" / "triton_kernels.py").read_text())
+    return names
+
+
+def test_comm_kernels_exclude_moebench_kernels():
+    from moebench.backends.deepep import DeepEPBackend, DeepEPLowLatencyBackend
+    own = moebench_kernel_names()
+    assert "unpermute_kernel" in own and "permute_copy_kernel" in own and len(own) >= 8
+    for cls in (HybridEPBackend, DeepEPBackend, DeepEPLowLatencyBackend):
+        assert cls.comm_kernels and not [k for k in own for n in cls.comm_kernels if n in k], cls.name
+    # HybridEP's JIT kernels (csrc/hybrid_ep/backend/hybrid_ep_backend.cuh): data kernels in, its own
+    # permute, preprocessing and sync kernels out
+    assert all(any(n in k for n in HybridEPBackend.comm_kernels) for k in (
+        "void hybrid_ep::dispatch_kernel<unsigned short, 1, 2>(...)", "void hybrid_ep::combine_kernel<1, 2>(...)"))
+    assert not any(n in k for n in HybridEPBackend.comm_kernels for k in (
+        "void permute_kernel<unsigned short, float, float>", "void unpermute_kernel<unsigned short, float>",
+        "void hybrid_ep::scan<64>", "void hybrid_ep::device_sync_kernel<8>"))

@@ -112,3 +112,26 @@ def test_dispatch_cli_mcore_beside_raw(tmp_path):
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert rc == 0
     assert {(r["backend"]["name"], r["check"]["status"]) for r in recs} == {("mcore-alltoall", "PASS"), ("alltoall", "PASS")}
+
+
+@needs_mcore
+def test_flex_sms_match_the_raw_backend_and_fusion_is_recorded():
+    """Without --num-sms, mcore-hybridep gets HybridEP's own default (the raw hybridep's), not Megatron-Core's
+    moe_hybridep_num_sms (16 on 0.16.1); a given --num-sms passes through; permute fusion is a knob."""
+    import dataclasses
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from moebench.backends.hybridep import default_num_sms
+    from moebench.backends.mcore import matched_num_sms, mcore_version
+    field = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+    sms_field = "moe_flex_dispatcher_num_sms" if "moe_flex_dispatcher_num_sms" in field else "moe_hybridep_num_sms"
+    if mcore_version().startswith("0.16."):
+        assert field["moe_hybridep_num_sms"] == 16 and field["moe_permute_fusion"] is False   # the confound
+    w = Workload(num_tokens=64, hidden=256, num_experts=16, topk=2, ep=8)
+    b = McoreHybridEPBackend()
+    kw = b._config_kwargs(TransformerConfig, w, 8)
+    assert kw[sms_field] == matched_num_sms("hybridep", 8, 8) == default_num_sms(1) == 24
+    assert b.num_sms_source.startswith("the raw backend") and kw["moe_permute_fusion"] is False
+    assert matched_num_sms("hybridep", 16, 8) == default_num_sms(2) == 8        # two NVLink domains
+    b = McoreHybridEPBackend(knob_values={"num_sms": 12, "moe_permute_fusion": 1})
+    kw = b._config_kwargs(TransformerConfig, w, 8)
+    assert kw[sms_field] == 12 and b.num_sms_source == "user" and kw["moe_permute_fusion"] is True

@@ -58,3 +58,44 @@ def test_phase_bytes_and_bandwidth():
     bw = traffic.bandwidth(c, 1e-6)
     assert bw["algbw_GBps"] == pytest.approx(3 / 4 * 512 * 1e-3)
     assert bw["nvlink_GBps"] + bw["net_GBps"] == pytest.approx(bw["busbw_GBps"])
+
+
+def w16(**kw):
+    # 16 ranks on 2 nodes of 8, one expert per rank: expert e on rank e, node e // 8
+    return Workload(**{**dict(num_tokens=3, hidden=256, num_experts=16, topk=3, ep=16, gpus_per_node=8), **kw})
+
+
+def test_node_pairs_count_the_senders_own_node():
+    w = w16()
+    idx = torch.tensor([[0, 1, 2],       # all on node 0 (the sender's own): 1 pair
+                        [3, 8, 9],       # node 0 and node 1: 2 pairs
+                        [-1, 15, -1]])   # node 1 only: 1 pair
+    assert traffic.count_node_pairs(idx, w) == 4
+    assert traffic.count_node_pairs(torch.full((3, 3), -1), w) == 0
+
+
+def test_upstream_rules_hand_computed():
+    """Rank 0 sends the three tokens above, ranks 1..15 send nothing (all masked): mean over 16 ranks."""
+    w = w16(dtype="fp8")
+    idx0 = torch.tensor([[0, 1, 2], [3, 8, 9], [-1, 15, -1]])
+    t = traffic.traffic_of([idx0] + [torch.full((3, 3), -1)] * 15, w)
+    d = traffic.upstream_bytes(t, w, "dispatch")
+    c = traffic.upstream_bytes(t, w, "combine")
+    fp8_row = 256 + 8                        # = 2H x (1 + 4/128) / 2
+    assert d["deepep_rdma_bytes"] == pytest.approx(4 * fp8_row / 16)
+    assert c["deepep_rdma_bytes"] == pytest.approx(4 * 512 / 16)              # DeepEP's combine: bf16
+    assert d["hybridep_rdma_bytes"] == c["hybridep_rdma_bytes"] == pytest.approx(4 * fp8_row / 16)   # HybridEP: reused
+    slots = 7                                # valid (token, k) slots
+    assert d["deepep_ll_bytes"] == pytest.approx(slots * (256 + 256 // 128 * 4 + 16) / 16)
+    assert c["deepep_ll_bytes"] == pytest.approx(slots * 512 / 16)
+
+
+def test_upstream_rdma_only_across_nodes():
+    w = w4()                                  # 4 ranks, 2 per node: 2 nodes
+    idx = torch.tensor([[0, 1], [2, 7], [-1, 5]])
+    t = traffic.traffic_of([idx] * 4, w)
+    d = traffic.upstream_bytes(t, w, "dispatch")
+    assert d["deepep_rdma_bytes"] == pytest.approx(4 * 16)   # per rank: 1 + 2 + 1 (token, node) pairs x 2H
+    one_node = w.replace(gpus_per_node=4)
+    d1 = traffic.upstream_bytes(traffic.traffic_of([idx] * 4, one_node), one_node, "dispatch")
+    assert set(d1) == {"deepep_ll_bytes"}

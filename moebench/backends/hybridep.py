@@ -11,13 +11,21 @@ supported, so moebench builds the map itself; masked slots are simply absent). T
   HybridEP's (unweighted) combine.
 Kernels JIT-compile with $CUDA_HOME/bin/nvcc on first use of each config, so setup() checks nvcc
 and warms up the exact config that will be timed. SM knobs: num_sms (dispatch and combine),
-num_sms_dispatch, num_sms_combine, num_sms_preprocessing, num_blocks_permute, num_blocks_unpermute.
+num_sms_dispatch, num_sms_combine, num_sms_preprocessing, num_blocks_permute, num_blocks_unpermute;
+without them HybridEP's own default (24 SMs in one NVLink domain, 8 across: its Configurer), which
+mcore-hybridep is given too, so that the two compare at one SM count. The NVLink domain HybridEP
+uses is read from the buffer after construction and recorded in the knobs.
+
+Timing view `cached`, as tests/test_hybrid_ep.py times it: the checked dispatch's handle reused, so
+no metadata preprocessing and no host wait (permute: `num_permuted_tokens`, plain:
+`num_dispatched_tokens`), and the combine of rows already weighted.
 
 Legend: T tokens, H hidden, E experts, K top-k, L local experts, N received tokens, R grouped rows.
 """
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +35,7 @@ import torch.distributed as dist
 from ..workload import WorkloadError, rank_inputs
 from .base import Backend, Dispatched, Unavailable
 from ..toolkit import find_nvcc
-from .deepep import Grouped, build_version, find, group_by_local_expert, import_deep_ep, weighted_rows
+from .deepep import FP8_FACTOR, Grouped, build_version, find, group_by_local_expert, import_deep_ep, weighted_rows
 
 DOMAIN_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
 MODES = ("permute", "plain")
@@ -46,6 +54,19 @@ def ranks_per_domain(world: int, gpus_per_node: int) -> int:
             raise WorkloadError(f"{DOMAIN_ENV}={env!r} is not a positive integer")
         return int(env)
     return min(world, gpus_per_node)
+
+
+def default_num_sms(num_domains: int) -> int:
+    """HybridEP's SMs per dispatch/combine API when none is given (csrc/hybrid_ep/config.cuh, Configurer)."""
+    return 24 if num_domains == 1 else 8
+
+
+def same_host_ranks(group) -> int:
+    """Ranks of the group on this host: the NVLink domain HybridEP's detect_accessible_ranks finds over
+    CUDA IPC (it may find more with multi-node NVLink fabric memory)."""
+    hosts = [None] * dist.get_world_size(group)
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    return hosts.count(socket.gethostname())
 
 
 def local_plain_inputs(local_map_NL: torch.Tensor, probs_NX: torch.Tensor | None, rank_in_domain: int):
@@ -79,7 +100,8 @@ def cuda_home() -> str:
 
 @dataclass
 class _Handle:
-    native: object
+    native: object                          # HybridEP's handle; [3] is num_dispatched_tokens_tensor
+    rows: int                               # rows HybridEP returned (permuted rows, or dispatched tokens)
     probs_R: torch.Tensor | None = None     # permute mode: prob of each grouped row
     grouped: Grouped | None = None          # plain mode: the local grouping
 
@@ -88,6 +110,7 @@ class HybridEPBackend(Backend):
     name = "hybridep"
     dedup = True
     supports_fp8 = True
+    comm_kernels = ("dispatch_kernel", "combine_kernel")   # as its test's bench_kineto names them
 
     @classmethod
     def available(cls):
@@ -128,18 +151,21 @@ class HybridEPBackend(Backend):
         self.cuda_home = cuda_home()
         _, HybridEPBuffer = import_deep_ep("HybridEPBuffer")
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.rpd = ranks_per_domain(self.world, w.gpus_per_node)
+        self.rpd_predicted = ranks_per_domain(self.world, same_host_ranks(group))
         self.build = self._build_kind()
-        if self.build == "intranode" and self.world > self.rpd:
+        if self.build == "intranode" and self.world > self.rpd_predicted:
             raise Unavailable(f"this HybridEP build is intra-node-only and EP {self.world} spans "
-                              f"{self.world // self.rpd} NVLink domains: it would abort; rebuild with HYBRID_EP_MULTINODE=1")
+                              f"{self.world // self.rpd_predicted} NVLink domains: it would abort; rebuild with "
+                              "HYBRID_EP_MULTINODE=1")
         self.impl = self.knob_values.get("ops_impl", "auto")     # "auto": the fastest per op
         self.buffer = HybridEPBuffer(group=group, hidden_dim=w.hidden, max_num_of_tokens_per_rank=w.num_tokens,
                                      num_local_experts=w.local_experts, use_fp8=w.dtype == "fp8", **self._sm_kwargs())
+        self.rpd = int(self.buffer.num_of_hybrid_ep_ranks_per_nvlink_domain)    # what HybridEP found
         x, idx, wt, q, s = rank_inputs(w, self.rank, device)
         d = self.dispatch(q if q is not None else x, idx, wt, s)          # JIT-compiles this config
         self.combine(d.x_RH.new_zeros(d.x_RH.shape, dtype=torch.bfloat16), d.handle)
-        torch.cuda.synchronize(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     def _sm_kwargs(self) -> dict:
         kw = {}
@@ -159,8 +185,17 @@ class HybridEPBackend(Backend):
 
     def knobs(self):
         env = {k: os.environ[k] for k in ENV_KNOBS if k in os.environ}
-        return {**super().knobs(), "mode": self.mode, **self._sm_kwargs(), "ranks_per_nvlink_domain": getattr(self, "rpd", None),
-                "build": getattr(self, "build", None), "env": env}
+        k = {**super().knobs(), "mode": self.mode, **self._sm_kwargs(), "build": getattr(self, "build", None), "env": env}
+        cfg = getattr(getattr(getattr(self, "buffer", None), "configurer", None), "buffer_config", None)
+        if cfg is not None:       # the SMs HybridEP uses (its default when none was given)
+            k["num_sms"] = cfg.num_of_blocks_dispatch_api
+            if cfg.num_of_blocks_combine_api != cfg.num_of_blocks_dispatch_api:
+                k["num_sms_combine"] = cfg.num_of_blocks_combine_api
+        if getattr(self, "rpd", None) is not None:
+            k["ranks_per_nvlink_domain"] = self.rpd
+            if self.rpd != self.rpd_predicted:
+                k["ranks_per_nvlink_domain_predicted"] = self.rpd_predicted
+        return k
 
     def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
         rmap, probs = self.dense_routing(topk_idx_TK, topk_w_TK)
@@ -172,7 +207,7 @@ class HybridEPBackend(Backend):
                 num_of_experts_per_rank=self.w.local_experts, use_fp8=fp8)
             tokens = tokens.view(torch.float8_e4m3fn) if fp8 else tokens
             probs_R = probs_R.reshape(-1) if probs_R is not None else None
-            return Dispatched(tokens, tpe, _Handle(h, probs_R=probs_R), sf, probs_R)
+            return Dispatched(tokens, tpe, _Handle(h, tokens.shape[0], probs_R=probs_R), sf, probs_R)
         tokens, probs_NX, sf, h = self.buffer.dispatch(hidden=hidden, scaling_factor=scales_TS,
                                                        routing_map=rmap, probs=probs)
         N = tokens.shape[0]
@@ -180,17 +215,47 @@ class HybridEPBackend(Backend):
         idx, wts = local_plain_inputs(h[4][:N], probs_NX, getattr(self.buffer, "local_rank", self.rank % self.rpd))
         tokens = tokens.view(torch.float8_e4m3fn) if fp8 else tokens
         g = group_by_local_expert(tokens, idx, wts, self.w.local_experts, sf, impl=self.impl)
-        return Dispatched(g.x_RH, g.tokens_per_expert, _Handle(h, grouped=g), g.scales_RS, g.probs_R)
+        return Dispatched(g.x_RH, g.tokens_per_expert, _Handle(h, N, grouped=g), g.scales_RS, g.probs_R)
+
+    def _weighted(self, y_RH, handle: _Handle) -> torch.Tensor:
+        """The rows HybridEP's unweighted combine is given: permute mode rows x their probs (one kernel,
+        fp32 multiply, bf16 store), plain mode moebench's local unpermute with the weights."""
+        if self.mode != "permute":
+            return weighted_rows(y_RH, handle.grouped, self.impl)
+        p = handle.probs_R
+        if p is None:
+            return y_RH
+        y = y_RH.new_empty(p.shape[0], y_RH.shape[1], dtype=torch.bfloat16)
+        return torch.mul(y_RH[: p.shape[0]], p[:, None], out=y)
 
     def combine(self, y_RH, handle: _Handle):
+        y = self._weighted(y_RH, handle)
         if self.mode == "permute":
-            p, y = handle.probs_R, y_RH
-            if p is not None:   # one kernel: rows x fp32 probs, computed in fp32, stored as bf16
-                y = y_RH.new_empty(p.shape[0], y_RH.shape[1], dtype=torch.bfloat16)
-                torch.mul(y_RH[: p.shape[0]], p[:, None], out=y)
             return self.buffer.combine_with_unpermute(hidden=y, handle=handle.native)[0]
-        y_N = weighted_rows(y_RH, handle.grouped, self.impl)
-        return self.buffer.combine(hidden=y_N, probs=None, handle=handle.native)[0]
+        return self.buffer.combine(hidden=y, probs=None, handle=handle.native)[0]
+
+    def cached_phases(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
+        """test_hybrid_ep's timed calls with the checked dispatch's handle: dispatch returns the rows (permuted
+        rows, or one per received token) in the checked order; combine of the weighted rows returns [T, H]."""
+        h: _Handle = d.handle
+        rmap, probs = self.dense_routing(topk_idx_TK, topk_w_TK)
+        fp8 = x_TH.dtype == torch.float8_e4m3fn
+        hidden = x_TH.view(torch.uint8) if fp8 else x_TH
+        y = self._weighted(y_RH, h)
+        if self.mode == "permute":
+            return {"dispatch": lambda: self.buffer.dispatch_with_permute(
+                        hidden=hidden, routing_map=rmap, probs=probs, scaling_factor=scales_TS, handle=h.native,
+                        num_permuted_tokens=h.rows)[0],
+                    "combine": lambda: self.buffer.combine_with_unpermute(hidden=y, handle=h.native)[0]}
+        return {"dispatch": lambda: self.buffer.dispatch(hidden=hidden, scaling_factor=scales_TS, routing_map=rmap,
+                                                         probs=probs, handle=h.native, num_dispatched_tokens=h.rows)[0],
+                "combine": lambda: self.buffer.combine(hidden=y, probs=None, handle=h.native)[0]}
+
+    def native_bytes(self, d):
+        """test_hybrid_ep's nvl_dispatch = dispatched_hidden.numel() * 2 (plain dispatch: one row per received
+        token), fp8 x (1 + 4/128) / 2, from the handle's num_dispatched_tokens (permute mode returns rows per expert)."""
+        n = int(d.handle.native[3].reshape(-1)[0])
+        return round(n * self.w.hidden * 2 * (FP8_FACTOR if self.w.dtype == "fp8" else 1))
 
     def teardown(self):
         self.buffer = None

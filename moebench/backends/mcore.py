@@ -23,6 +23,13 @@ handle, which their combine clears); the handle carries a shallow snapshot of th
 combine restores it, so a combine may be repeated or follow several dispatches (the harness does).
 `tokens_per_expert` is returned as a host list: `SequentialMLP` calls `.tolist()` on it too.
 
+Matched A/B with the raw backends: without --num-sms, mcore-deepep and mcore-hybridep are given the SM
+count the raw backend uses by default (DeepEP's Buffer.num_sms, 20; HybridEP's Configurer default, 24
+in one NVLink domain and 8 across) instead of Megatron-Core's own default (0.16.1: moe_deepep_num_sms
+20, moe_hybridep_num_sms 16), and the knobs record it with its source. Megatron's permute fusion
+(`moe_permute_fusion`, Transformer Engine's fused permute) is off unless the knob `moe_permute_fusion=1`
+is given; the knobs record it, and the raw backends record their local permute (`local_permute_impl`).
+
 Needs CUDA: the alltoall dispatcher creates a `torch.cuda.Stream`, and Megatron's all_to_all
 allocates on `torch.cuda.current_device()`. Without CUDA, setup raises Unavailable (WAIVED).
 The flex dispatchers need EP >= 2 (Megatron asserts TPxEP > 1) and DeepEP/HybridEP importable by
@@ -140,6 +147,16 @@ def num_sms_config(config_cls, backend: str, num_sms: int | None) -> dict:
     return {f"moe_{backend}_num_sms": int(num_sms)}
 
 
+def matched_num_sms(backend: str, world: int, gpus_per_node: int) -> int:
+    """The SMs the raw `deepep` / `hybridep` backend uses when none is given: DeepEP's Buffer.num_sms, or
+    HybridEP's default for the number of NVLink domains EP spans."""
+    if backend == "deepep":
+        from deep_ep import Buffer
+        return int(getattr(Buffer, "num_sms", 20))
+    from .hybridep import default_num_sms, ranks_per_domain
+    return default_num_sms(-(-world // ranks_per_domain(world, gpus_per_node)))
+
+
 def check_flex_importable(backend: str) -> None:
     """Unavailable unless Megatron's fused_a2a could import the DeepEP/HybridEP buffer it needs."""
     from megatron.core.transformer.moe import fused_a2a
@@ -216,17 +233,26 @@ class _McoreBackend(Backend):
     def _config_kwargs(self, config_cls, w, world) -> dict:
         kw = dict(num_layers=1, hidden_size=w.hidden, num_attention_heads=1, num_moe_experts=w.num_experts,
                   moe_router_topk=w.topk, expert_model_parallel_size=world,
-                  moe_token_dispatcher_type=self.dispatcher_type, moe_permute_fusion=False,
+                  moe_token_dispatcher_type=self.dispatcher_type,
                   moe_router_dtype="fp32", bf16=True, params_dtype=torch.bfloat16,
                   moe_router_pre_softmax=w.topk == 1)   # the router setting Megatron demands at top-1
+        kw["moe_permute_fusion"] = self.permute_fusion
         if self.flex_backend:
             kw["moe_flex_dispatcher_backend"] = self.flex_backend
-            kw.update(num_sms_config(config_cls, self.flex_backend, self.knob_values.get("num_sms")))
+            sms = self.knob_values.get("num_sms")
+            self.num_sms_source = "user" if sms is not None else "the raw backend's default (matched A/B)"
+            self.num_sms = int(sms) if sms is not None else matched_num_sms(self.flex_backend, world, w.gpus_per_node)
+            kw.update(num_sms_config(config_cls, self.flex_backend, self.num_sms))
         return kw
+
+    @property
+    def permute_fusion(self) -> bool:
+        """Knob moe_permute_fusion (0/1, default off: Megatron's fused permute needs Transformer Engine)."""
+        return bool(int(self.knob_values.get("moe_permute_fusion") or 0))
 
     def knobs(self):
         k = {n: v for n, v in super().knobs().items() if n != "ops_impl"}   # moebench.ops is not used here
-        k.update(dispatcher_type=self.dispatcher_type, moe_permute_fusion=False)
+        k.update(dispatcher_type=self.dispatcher_type, moe_permute_fusion=self.permute_fusion)
         if self.flex_backend:
             k["flex_backend"] = self.flex_backend
         d = getattr(self, "d", None)
@@ -238,6 +264,8 @@ class _McoreBackend(Backend):
             for f in ("moe_flex_dispatcher_num_sms", "moe_deepep_num_sms", "moe_hybridep_num_sms"):
                 if hasattr(self.config, f) and getattr(self.config, f) is not None and self.flex_backend:
                     k[f] = getattr(self.config, f)
+            if self.flex_backend:
+                k.update(num_sms=self.num_sms, num_sms_source=self.num_sms_source)
         return k
 
     def _snapshot(self) -> tuple:

@@ -57,11 +57,12 @@ def check_deepep_import(ctx: Context):
     v = _probe(ctx).value
     ver = v.get("version") or "?"
     if not v["Buffer"]:
-        return failed(f"deep_ep {ver} imports but has no legacy deep_ep.Buffer (DeepEP v2?): the deepep backend "
-                      f"and Megatron's flex dispatcher cannot use it; {DEEPEP_HINT}", probe=v)
+        return failed(f"deep_ep {ver} imports but has no legacy deep_ep.Buffer (DeepEP main 2.x still has it): the "
+                      f"deepep backend and Megatron's flex dispatcher cannot use it; {DEEPEP_HINT}", probe=v)
     if v["megatron_api_error"]:
         return failed(f"`from deep_ep.utils import EventHandle, EventOverlap` fails ({v['megatron_api_error']}): "
-                      f"Megatron-Core silently reports DeepEP as not installed; {DEEPEP_HINT}", probe=v)
+                      f"Megatron-Core silently reports DeepEP as not installed (moebench's deepep and deepep-ll "
+                      f"can still use its deep_ep.Buffer); {DEEPEP_HINT}", probe=v)
     return passed(f"deep_ep {ver} imports from {v['file']}; legacy Buffer yes, HybridEPBuffer "
                   f"{'yes' if v['HybridEPBuffer'] else 'no'}", probe=v, files=buildkind.deep_ep_layout())
 

@@ -1,5 +1,6 @@
 """A fake deep_ep for the container-gate tests: importing it works, constructing a buffer does what
-FAKE_DEEP_EP_CTOR says (segv | abort | hang | raise), as broken real builds do."""
+FAKE_DEEP_EP_CTOR says (segv | abort | hang | raise), as broken real builds do; FAKE_DEEP_EP_CTOR=sim
+gives working CPU stand-ins instead (sim.py: Buffer, hybrid_sim.py: HybridEPBuffer)."""
 import ctypes
 import os
 import time
@@ -52,3 +53,8 @@ class Buffer:
 class HybridEPBuffer:
     def __init__(self, group, hidden_dim, max_num_of_tokens_per_rank, num_local_experts, **kwargs):
         _construct()
+
+
+if os.environ.get("FAKE_DEEP_EP_CTOR") == "sim":
+    from .sim import Buffer, Config  # noqa: E402,F401,F811
+    from .hybrid_sim import HybridEPBuffer  # noqa: E402,F401,F811
