@@ -39,7 +39,7 @@ class CheckFailed(Exception):
 
 
 WAIVED = "WAIVED: "
-PAYLOAD_OF = {"dispatch": "dispatch", "dispatch-kernel": "dispatch", "combine": "combine"}  # phase -> bytes it moves
+PAYLOAD_OF = {"dispatch": "dispatch", "combine": "combine"}  # phase -> bytes it moves
 KERNEL_ROWS = 8      # the largest kernels of each phase kept in the record
 SHARED_NOTE = ("EP ranks are processes sharing GPUs (gloo group, CUDA IPC on one device); their kernels "
                "time-slice, so times are functional only, never performance figures")

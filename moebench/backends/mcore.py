@@ -55,6 +55,8 @@ from ..megatron_map import BACKENDS, FLEX
 from ..toolkit import dist_version, installed
 from ..workload import WorkloadError
 from .base import Backend, Dispatched, Unavailable
+from .deepep import DeepEPBackend
+from .hybridep import HybridEPBackend
 
 
 # ---------------------------------------------------------------- CPU emulation (tests only)
@@ -314,6 +316,7 @@ class McoreDeepEPBackend(_McoreBackend):
     dedup = True
     dispatcher_type = "flex"
     flex_backend = "deepep"
+    comm_kernels = DeepEPBackend.comm_kernels
 
 
 class McoreHybridEPBackend(_McoreBackend):
@@ -322,6 +325,7 @@ class McoreHybridEPBackend(_McoreBackend):
     dedup = True
     dispatcher_type = "flex"
     flex_backend = "hybridep"
+    comm_kernels = HybridEPBackend.comm_kernels
 
 
 __all__ = ["McoreAlltoallBackend", "McoreDeepEPBackend", "McoreHybridEPBackend", "emulate_cuda_on_cpu",
