@@ -69,16 +69,17 @@ class AlltoallBackend(Backend):
         # T*K rows bound the count: the permute needs no wait, its rows past the count are never sent
         p = ops.permute(x_TH, topk_idx_TK, w.num_experts, scales_TS=scales_TS, impl=self.impl, num_out_rows=T * K)
         probs_R = probs_by_row(p.row_map_TK, topk_w_TK, p.x_RH.shape[0])
+        send_counts = p.tokens_per_expert.view(W, L)
         if W > 1:
-            send_counts = p.tokens_per_expert.to(torch.int64).view(W, L)
+            send_counts = send_counts.to(torch.int64)
             recv_counts = torch.empty_like(send_counts)
             dist.all_to_all_single(recv_counts, send_counts, group=self.group)
-            host = torch.stack([send_counts, recv_counts]).cpu()     # the one host sync (Megatron has it too)
         else:                                                        # one rank: what it sends it receives
-            recv_counts = p.tokens_per_expert.view(W, L)
-            host = recv_counts.cpu().expand(2, W, L)
-        sent, got = host.tolist()                      # [W][L] each; plain Python from here on
-        in_splits, out_splits = [sum(row) for row in sent], [sum(row) for row in got]
+            recv_counts = send_counts
+        # the split sizes and rows per local expert, summed on the device behind the permute, reach the
+        # host in one copy: the one host sync (Megatron has it too), nothing summed in Python
+        sizes = torch.cat([send_counts.sum(1), recv_counts.sum(1), recv_counts.sum(0)]).cpu().tolist()
+        in_splits, out_splits, tokens_per_expert = sizes[:W], sizes[W:2 * W], sizes[2 * W:]
         S, R = sum(in_splits), sum(out_splits)
         x_R = self._a2a(p.x_RH[:S], R, out_splits, in_splits)
         probs_recv = self._a2a(probs_R[:S], R, out_splits, in_splits)
@@ -89,7 +90,7 @@ class AlltoallBackend(Backend):
             x_R, probs_recv = sort(x_R), sort(probs_recv[:, None])[:, 0]
             scales_R = sort(scales_R) if scales_R is not None else None
         handle = _Handle(p.row_map_TK, topk_w_TK, in_splits, out_splits, recv_counts)
-        return Dispatched(x_R, [sum(col) for col in zip(*got)], handle, scales_R, probs_recv)
+        return Dispatched(x_R, tokens_per_expert, handle, scales_R, probs_recv)
 
     def combine(self, y_RH, handle: _Handle):
         if self._sorts():
