@@ -10,8 +10,8 @@ source bench/device_env.sh
 [ "$(nvidia-smi -L | wc -l)" -ge 8 ] || { echo "needs 8 GPUs"; exit 1; }
 FIX=syslink bash bench/deepep_build.sh .ext/DeepEP > /tmp/build.log 2>&1 || { tail -20 /tmp/build.log; exit 1; }
 export PYTHONPATH="$PYTHONPATH:/tmp/deepep/syslink"
-J=$OUT/overlap-ep8.jsonl
 for g in gemm gemm:4096x4096x7168; do
+  J=$OUT/overlap-ep8-${g//:/-}.jsonl        # one file per GEMM shape: the plot and the decision are per shape
   step "alltoall, mcore-alltoall under $g"
   timeout 600 python3 -m moebench.dispatch --ep 8 --backend alltoall,mcore-alltoall --overlap $g --out "$J"
   for s in 8 16 24 32; do
@@ -19,6 +19,6 @@ for g in gemm gemm:4096x4096x7168; do
     timeout 600 python3 -m moebench.dispatch --ep 8 --backend deepep,hybridep,mcore-deepep,mcore-hybridep \
       --num-sms $s --overlap $g --out "$J"
   done
+  python3 -m moebench.report "$J" --overlap-plot "${J%.jsonl}.png"
+  python3 -m moebench.megatron flags --results "$J" --overlap | tee -a "$OUT/overlap-ep8-flags.txt"
 done
-python3 -m moebench.report "$J" --overlap-plot "$OUT/overlap-ep8.png"
-python3 -m moebench.megatron flags --results "$J" --overlap | tee "$OUT/overlap-ep8-flags.txt"
