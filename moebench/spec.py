@@ -75,7 +75,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "VAR for the rank processes)")
     p.add_argument("--no-flush-l2", action="store_true", help="skip the L2 flush before timed calls")
     p.add_argument("--profile", action="store_true",
-                   help="also record each phase's GPU kernels (CPU: torch ops) per call, from the profiler")
+                   help="CPU: also record each phase's top torch ops per call (on CUDA each phase's kernels are always "
+                        "recorded: the kernel view and the host split)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per backend launch")
     p.add_argument("--overlap", metavar="gemm[:MxNxK]",
                    help="also time each phase under a concurrent bf16 GEMM (default shape: received rows x hidden "
