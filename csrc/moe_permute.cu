@@ -62,6 +62,26 @@ template <> __device__ __forceinline__ uint16_t ld<uint16_t, true>(const uint16_
 template <> __device__ __forceinline__ uint16_t ld<uint16_t, false>(const uint16_t* p) { return *p; }
 template <> __device__ __forceinline__ void st<uint16_t, true>(uint16_t* p, const uint16_t& v) { *p = v; }
 
+// One row of nv vectors copied by a warp, UNROLL read-only-cache loads in flight per lane, then the
+// stores (streaming when STREAM). sort_chunks and the destination-order gather both copy rows so.
+template <typename V, int UNROLL, bool STREAM>
+__device__ __forceinline__ void warp_copy_row(const V* __restrict__ src, V* __restrict__ dst, int64_t nv,
+                                              int lane) {
+  for (int64_t v0 = 0; v0 < nv; v0 += 32 * UNROLL) {
+    V buf[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t v = v0 + u * 32 + lane;
+      if (v < nv) buf[u] = __ldg(src + v);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t v = v0 + u * 32 + lane;
+      if (v < nv) st<V, STREAM>(dst + v, buf[u]);
+    }
+  }
+}
+
 // Inclusive prefix sum of v across the 32 lanes of a full warp.
 template <typename T>
 __device__ __forceinline__ T warp_inclusive_sum(T v, int lane) {
@@ -533,21 +553,7 @@ __global__ void __launch_bounds__(kThreads) sort_chunks_kernel(const V* __restri
       const int mid = (lo + hi + 1) >> 1;
       if (out_start[mid] <= r) lo = mid; else hi = mid - 1;
     }
-    const V* src = x + (src_start[lo] + r - out_start[lo]) * nv;
-    V* dst = out + r * nv;
-    for (int64_t v0 = 0; v0 < nv; v0 += 32 * UNROLL) {
-      V buf[UNROLL];
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int64_t v = v0 + u * 32 + lane;
-        if (v < nv) buf[u] = __ldg(src + v);
-      }
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int64_t v = v0 + u * 32 + lane;
-        if (v < nv) dst[v] = buf[u];
-      }
-    }
+    warp_copy_row<V, UNROLL, false>(x + (src_start[lo] + r - out_start[lo]) * nv, out + r * nv, nv, lane);
   }
 }
 

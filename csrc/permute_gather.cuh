@@ -1,5 +1,5 @@
 // permute_gather: the permute's copy in destination order (variant bit 8), included by
-// moe_permute.cu inside its anonymous namespace (it uses CopyArgs, slot_row, st<>, cdiv).
+// moe_permute.cu inside its anonymous namespace (it uses CopyArgs, slot_row, warp_copy_row, cdiv).
 //
 // Why: the scatter copies (one source row read, K rows written from it) sit at 0.84-0.87 of the
 // copy rate on the H200 whatever their mechanics (bench/results/permute-README.md). Here every
@@ -43,21 +43,7 @@ __global__ void __launch_bounds__(kThreads, 4) permute_gather_kernel(
     const int r1 = estart[e] + (b1 < NB ? base[(int64_t)b1 * E + e] : ecount[e]);
     for (int r = r0 + warp; r < r1; r += kWarps) {
       const int64_t t = inv[r] / K;
-      const uint4* src = x + t * nv;
-      uint4* dst = out + (int64_t)r * nv;
-      for (int64_t v0 = 0; v0 < nv; v0 += 32 * U) {
-        uint4 buf[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int64_t v = v0 + u * 32 + lane;
-          if (v < nv) buf[u] = __ldg(src + v);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int64_t v = v0 + u * 32 + lane;
-          if (v < nv) st<uint4, CS>(dst + v, buf[u]);
-        }
-      }
+      warp_copy_row<uint4, U, CS>(x + t * nv, out + (int64_t)r * nv, nv, lane);
       if (s_bytes > 0) {  // fp8 scales: one row, 4-byte words when aligned
         const uint8_t* ss = sx + t * s_bytes;
         uint8_t* sd = sout + (int64_t)r * s_bytes;
