@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from . import record
 from .timing import Timer, stats
 from .workload import WorkloadError
 

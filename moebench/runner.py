@@ -100,9 +100,9 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
         waived = err.startswith(WAIVED)
         out.update(status="WAIVED" if waived else "FAIL", error=err.removeprefix(WAIVED))
         return out
-    _time(b, out, ctx, w, opts, payload, idx, wt, s, checked["d"], checked["y"])
+    timer = Timer(dev, ctx.group, opts.flush_l2)
+    _time(b, out, timer, ctx, w, opts, payload, idx, wt, s, checked["d"], checked["y"])
     if measure:
-        timer = Timer(dev, ctx.group, opts.flush_l2)
         bytes_per_rank = w.num_tokens * w.topk * w.bytes_per_token
         out["a2a"] = ceilings.measure_alltoall(timer, ctx.group, dev, bytes_per_rank, opts.iters)
     b.teardown()
@@ -110,10 +110,9 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
     return out
 
 
-def _time(b, out, ctx, w, opts, payload, idx, wt, s, d, y) -> None:
+def _time(b, out, timer, ctx, w, opts, payload, idx, wt, s, d, y) -> None:
     """Every phase in the api view; dispatch and combine also in the cached and kernel views, and
     under a concurrent GEMM with --overlap. The checked dispatch's handle serves the timed combines."""
-    timer = Timer(ctx.device, ctx.group, opts.flush_l2)
     phases = {"dispatch": lambda: b.dispatch(payload, idx, wt, s), "combine": lambda: b.combine(y, d.handle)}
     phases.update(b.extra_phases(payload, idx, wt))
     cached = b.cached_phases(payload, idx, wt, s, d, y)

@@ -27,10 +27,10 @@ def none(why: str) -> dict:
     return {"none": why}
 
 
-def _per_rank(timer: Timer, value: float, rank: int) -> tuple[float, float]:
-    """(rank 0's value, max over ranks); every rank must call this."""
-    ranks = timer.agree_max([value if rank == 0 else 0.0, value])
-    return ranks[0], ranks[1]
+def _per_rank(timer: Timer, value: float, rank: int, *more: float) -> list[float]:
+    """[rank 0's value, max over ranks, max over ranks of each of `more`], in one collective;
+    every rank must call this."""
+    return timer.agree_max([value if rank == 0 else 0.0, value, *more])
 
 
 def cached(timer: Timer, fn, iters: int, warmup_ms: float, rank: int) -> dict:
@@ -49,8 +49,7 @@ def comm_kernel_us(rows: list[dict], names: tuple[str, ...]) -> tuple[float, lis
 def kernel(timer: Timer, rows: list[dict], names: tuple[str, ...], rank: int) -> dict:
     """The kernel view from a phase's full kernel profile (`rows`); every rank must call this."""
     us, hit = comm_kernel_us(rows, names)
-    r0, mx = _per_rank(timer, us, rank)
-    found = timer.agree_max([1.0 if hit else 0.0])[0] > 0
+    r0, mx, found = _per_rank(timer, us, rank, 1.0 if hit else 0.0)   # found: on any rank
     if not found:
         return none(f"no kernel named like {', '.join(names)} ran (e.g. EP 1, or gloo moves the bytes)")
     return {"us": r0, "max_over_ranks_us": mx, "kernels": hit, "aggregation": KERNEL_AGG}
