@@ -24,6 +24,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from . import megatron_map, record
+from .knobs import ENV_KNOB
 from .megatron_map import BACKENDS, CONTROL
 from .record import PHASES
 
@@ -241,8 +242,8 @@ def decisions_from_results(records: list[dict], version: str, overlap: bool = Fa
         if ov:
             flags.notes.insert(0, ("overlap on: " if ov["on"] else "overlap not emitted: ") + ov["why"])
         for k, v in best.get(d["winner_record"], {}).items():   # env knobs of the swept best setting
-            if k.startswith("env:"):
-                flags.env[k[4:]] = str(v)
+            if k.startswith(ENV_KNOB):
+                flags.env[k[len(ENV_KNOB):]] = str(v)
         out.append({"workload": w, "device": recs[0].get("device"), **d, "flags": flags.asdict(),
                     **({"overlap": ov} if ov else {})})
     return out
