@@ -27,13 +27,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("workspace_bytes", [](int64_t n_slots, int E) { return (int64_t)moe_permute_workspace_bytes(n_slots, E); });
   m.def("permute", [](uintptr_t x, int64_t xrb, uintptr_t s, int64_t srb, uintptr_t idx, int idx_bytes,
                       int64_t T, int K, int E, int pad, uintptr_t out, uintptr_t out_s, uintptr_t row_map,
-                      uintptr_t tpe, uintptr_t ws, int wait, int variant, uintptr_t stream) {
+                      uintptr_t tpe, uintptr_t probs, uintptr_t out_probs, uintptr_t ws, int wait,
+                      uintptr_t host_tpe, int variant, uintptr_t stream) {
     int64_t rc;
     {
       py::gil_scoped_release nogil;
       rc = moe_permute(ptr<const void*>(x), xrb, ptr<const void*>(s), srb, ptr<const void*>(idx),
                        idx_bytes, T, K, E, pad, ptr<void*>(out), ptr<void*>(out_s),
-                       ptr<int32_t*>(row_map), ptr<int32_t*>(tpe), ptr<void*>(ws), wait, variant,
+                       ptr<int32_t*>(row_map), ptr<int32_t*>(tpe), ptr<const float*>(probs),
+                       ptr<float*>(out_probs), ptr<void*>(ws), wait, ptr<int32_t*>(host_tpe), variant,
                        ptr<cudaStream_t>(stream));
     }
     return check(rc);

@@ -9,7 +9,8 @@
 //                 to `pad`): tokens per expert and the row count, also written to mapped pinned
 //                 host memory so the host can learn R while the copy runs.
 //   permute_bulk: (sm_90+, 16-byte rows) lane 0 of a one-warp block bulk-loads (TMA) a row chunk
-//                 into shared memory and bulk-stores it to its K rows; writes row_map.
+//                 into shared memory and bulk-stores it to its K rows; writes row_map (and, when
+//                 asked, each row's routing weight: permute with probs, one launch).
 //   permute_copy: (fallback, or variant bit 4) one warp per token reads its row once (16-byte
 //                 vectors, UNROLL in flight) and stores it to its K rows. fp8 scales ride along.
 // Unpermute: one warp per token, all K rows' vectors loaded before use (KMAX compile-time), fp32
@@ -161,6 +162,7 @@ __global__ void __launch_bounds__(1024) route_scan_kernel(int32_t* __restrict__ 
                                                           int32_t* __restrict__ ecount_out,
                                                           int32_t* __restrict__ total_dev,
                                                           int32_t* total_host,
+                                                          int32_t* tpe_host,
                                                           unsigned* __restrict__ done) {
   __shared__ int32_t red[32][33];
   __shared__ int32_t wsum[32];
@@ -221,9 +223,11 @@ __global__ void __launch_bounds__(1024) route_scan_kernel(int32_t* __restrict__ 
   for (int i = i0; i < i1; ++i) {
     const int p = pad_up(__ldcg(ecount_out + i), pad);
     tpe[i] = p;
+    if (tpe_host) tpe_host[i] = p;
     estart_out[i] = run;
     run += p;
   }
+  if (tpe_host) __threadfence_system();
 }
 
 // ------------------------------------------------------------------ permute_copy
@@ -258,13 +262,21 @@ __device__ void copy_scales(const uint8_t* sx, int64_t s_bytes, int64_t t, int K
   }
 }
 
+// slot s goes to output row `row` (-1: skipped): row_map, and the slot's routing weight when asked
+__device__ __forceinline__ void write_row(int32_t* row_map, const float* probs, float* out_probs,
+                                          int64_t s, int row) {
+  row_map[s] = row;
+  if (probs != nullptr && row >= 0) out_probs[row] = probs[s];
+}
+
 template <typename V, int UNROLL, bool STREAM>
 __global__ void __launch_bounds__(kThreads) permute_copy_kernel(
     const V* __restrict__ x, int64_t nv, const uint8_t* __restrict__ sx, int64_t s_bytes,
     const void* __restrict__ idx, bool idx64, int64_t T, int K, int E, int SB,
     const int32_t* __restrict__ lrank, const int32_t* __restrict__ base,
     const int32_t* __restrict__ estart, V* __restrict__ out, uint8_t* __restrict__ sout,
-    int32_t* __restrict__ row_map, int parts) {
+    int32_t* __restrict__ row_map, const float* __restrict__ probs, float* __restrict__ out_probs,
+    int parts) {
   const int lane = threadIdx.x & 31;
   const int64_t gw = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int64_t t = gw / parts;    // `parts` warps share a token, striding over its row
@@ -273,7 +285,7 @@ __global__ void __launch_bounds__(kThreads) permute_copy_kernel(
   int row = -1;  // lane k < K holds slot k's output row (K <= 32)
   if (lane < K) {
     row = slot_row(idx, idx64, t * K + lane, E, SB, estart, base, lrank);
-    if (part == 0) row_map[t * K + lane] = row;
+    if (part == 0) write_row(row_map, probs, out_probs, t * K + lane, row);
   }
   const V* src = x + t * nv;
   for (int64_t v0 = (int64_t)part * 32 * UNROLL; v0 < nv; v0 += (int64_t)parts * 32 * UNROLL) {
@@ -312,7 +324,8 @@ __global__ void __launch_bounds__(32) permute_bulk_kernel(
     const uint8_t* __restrict__ sx, int64_t s_bytes, const void* __restrict__ idx, bool idx64,
     int64_t T, int K, int E, int SB, const int32_t* __restrict__ lrank,
     const int32_t* __restrict__ base, const int32_t* __restrict__ estart,
-    uint8_t* __restrict__ out, uint8_t* __restrict__ sout, int32_t* __restrict__ row_map) {
+    uint8_t* __restrict__ out, uint8_t* __restrict__ sout, int32_t* __restrict__ row_map,
+    const float* __restrict__ probs, float* __restrict__ out_probs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) uint8_t sbuf[];
   __shared__ __align__(8) uint64_t bar[NBUF];
@@ -352,7 +365,7 @@ __global__ void __launch_bounds__(32) permute_bulk_kernel(
     int row = -1;
     if (lane < K) {
       row = slot_row(idx, idx64, t * K + lane, E, SB, estart, base, lrank);
-      if (c == 0) row_map[t * K + lane] = row;
+      if (c == 0) write_row(row_map, probs, out_probs, t * K + lane, row);
     }
     if (lane == 0) {
       const uint32_t mb = smem_u32(&bar[b]), parity = (uint32_t)((j / NBUF) & 1);
@@ -404,11 +417,14 @@ __global__ void __launch_bounds__(kThreads) zero_pad_kernel(uint8_t* __restrict_
                                                             int64_t s_bytes,
                                                             const int32_t* __restrict__ estart,
                                                             const int32_t* __restrict__ ecount,
-                                                            const int32_t* __restrict__ tpe) {
+                                                            const int32_t* __restrict__ tpe,
+                                                            float* __restrict__ out_probs) {
   const int e = blockIdx.x;
   const int64_t r0 = (int64_t)estart[e] + ecount[e], r1 = (int64_t)estart[e] + tpe[e];
   zero_bytes(out + r0 * row_bytes, (r1 - r0) * row_bytes);
   if (sout) zero_bytes(sout + r0 * s_bytes, (r1 - r0) * s_bytes);
+  if (out_probs)
+    for (int64_t r = r0 + threadIdx.x; r < r1; r += kThreads) out_probs[r] = 0.f;
 }
 
 // ------------------------------------------------------------------ unpermute
@@ -599,6 +615,7 @@ struct CopyArgs {
   const void* x; int64_t rb; const void* sx; int64_t sb; const void* idx; bool idx64;
   int64_t T; int K, E, SB; const int32_t *lrank, *base, *estart; void *out, *sout;
   int32_t* row_map;
+  const float* probs; float* out_probs;   // routing weights [T*K] -> [R], both null when not asked
 };
 
 template <typename V, bool STREAM, int U>
@@ -607,7 +624,7 @@ void launch_copy(const CopyArgs& a, int parts, cudaStream_t st) {
   permute_copy_kernel<V, U, STREAM><<<grid, kThreads, 0, st>>>(
       static_cast<const V*>(a.x), a.rb / (int64_t)sizeof(V), static_cast<const uint8_t*>(a.sx),
       a.sb, a.idx, a.idx64, a.T, a.K, a.E, a.SB, a.lrank, a.base, a.estart,
-      static_cast<V*>(a.out), static_cast<uint8_t*>(a.sout), a.row_map, parts);
+      static_cast<V*>(a.out), static_cast<uint8_t*>(a.sout), a.row_map, a.probs, a.out_probs, parts);
 }
 
 // Warp copy; variant bit 0: streaming (evict-first) loads/stores; bit 1: 8 vectors in flight per
@@ -665,7 +682,7 @@ int launch_bulk(const CopyArgs& a, int64_t chunk, int64_t nchunk, int dev, cudaS
   kern<<<grid, 32, smem, st>>>(static_cast<const uint8_t*>(a.x), a.rb, chunk, nchunk,
                                static_cast<const uint8_t*>(a.sx), a.sb, a.idx, a.idx64, a.T, a.K,
                                a.E, a.SB, a.lrank, a.base, a.estart, static_cast<uint8_t*>(a.out),
-                               static_cast<uint8_t*>(a.sout), a.row_map);
+                               static_cast<uint8_t*>(a.sout), a.row_map, a.probs, a.out_probs);
   MOE_CHECK_LAUNCH("permute_bulk_kernel");
   return 0;
 }
@@ -760,8 +777,9 @@ size_t moe_permute_workspace_bytes(int64_t n_slots, int E) {
 
 int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int64_t s_row_bytes,
                     const void* idx, int idx_bytes, int64_t T, int K, int E, int pad, void* out,
-                    void* out_scales, int32_t* row_map, int32_t* tpe, void* workspace, int wait,
-                    int variant, cudaStream_t stream) {
+                    void* out_scales, int32_t* row_map, int32_t* tpe, const float* probs,
+                    float* out_probs, void* workspace, int wait, int32_t* host_tpe, int variant,
+                    cudaStream_t stream) {
   if (K < 1 || K > 32) return fail("moe_permute: need 1 <= K <= 32");
   if (E < 1 || E > 4096) return fail("moe_permute: need 1 <= E <= 4096");
   if (idx_bytes != 4 && idx_bytes != 8) return fail("moe_permute: idx must be int32 or int64");
@@ -799,7 +817,8 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
 #undef MOE_RANK
   MOE_CHECK_LAUNCH("route_rank_kernel");
   route_scan_kernel<<<(unsigned)cdiv(E, 32), dim3(32, 32), 0, stream>>>(base, NB, E, pad, tpe, estart,
-                                                                     ecount, total, host_total, done);
+                                                                     ecount, total, host_total,
+                                                                     wait ? host_tpe : nullptr, done);
   MOE_CHECK_LAUNCH("route_scan_kernel");
   if (wait) {
     cudaError_t e = cudaEventRecord(hs->ev[slot], stream);
@@ -807,7 +826,7 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
   }
   if (T > 0) {
     const CopyArgs a{x, x_row_bytes, scales, scales ? s_row_bytes : 0, idx, idx64, T, K, E, SB,
-                     lrank, base, estart, out, out_scales, row_map};
+                     lrank, base, estart, out, out_scales, row_map, probs, probs ? out_probs : nullptr};
     int rc = (variant & 256) ? gather_copy(a, NB, ecount, inv, variant, dev, stream) : 1;
     if (rc == 1) rc = (variant & 16) ? 1 : bulk_copy(a, variant, dev, stream);
     if (rc < 0 || (rc == 1 && warp_copy(a, variant, stream) < 0)) return -1;
@@ -815,7 +834,8 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
   if (pad > 1) {
     zero_pad_kernel<<<E, kThreads, 0, stream>>>(static_cast<uint8_t*>(out), x_row_bytes,
                                                 static_cast<uint8_t*>(out_scales),
-                                                scales ? s_row_bytes : 0, estart, ecount, tpe);
+                                                scales ? s_row_bytes : 0, estart, ecount, tpe,
+                                                probs ? out_probs : nullptr);
     MOE_CHECK_LAUNCH("zero_pad_kernel");
   }
   if (!wait) return 0;

@@ -19,8 +19,10 @@ size_t moe_permute_workspace_bytes(int64_t n_slots, int E);
 // Rows of x [T, x_row_bytes] (and scales [T, s_row_bytes], may be null) to out [R, ...] grouped by
 // expert, Megatron order (expert, then token, then k); idx [T, K] int32/int64 (idx_bytes 4/8),
 // -1 = skipped; pad > 1 pads each expert to a multiple of pad with zero rows. Writes row_map
-// [T, K] int32 and tokens_per_expert [E] int32. out must hold T*K + E*(pad-1) rows.
-// wait != 0: returns the row count R, waiting only for the index kernels (the copy stays queued).
+// [T, K] int32 and tokens_per_expert [E] int32. out must hold T*K + E*(pad-1) rows. probs [T, K]
+// fp32 (may be null): out_probs [R] gets probs[t, k] at row row_map[t, k], 0 on padding rows.
+// wait != 0: returns the row count R, waiting only for the index kernels (the copy stays queued);
+// host_tpe (E int32 of mapped pinned host memory, may be null) then holds tokens_per_expert too.
 // wait == 0: returns 0 without waiting. variant (tuning knobs; 0 is the default):
 // bit 4 = per-warp register copy instead of the bulk-copy (TMA) one (which needs sm_90+ and
 // 16-byte rows; without them the warp copy runs). Bulk copy: bit 0 = no L2 evict-first hints on
@@ -32,7 +34,8 @@ size_t moe_permute_workspace_bytes(int64_t n_slots, int E);
 int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int64_t s_row_bytes,
                     const void* idx, int idx_bytes, int64_t T, int K, int E, int pad, void* out,
                     void* out_scales, int32_t* row_map, int32_t* tokens_per_expert,
-                    void* workspace, int wait, int variant, cudaStream_t stream);
+                    const float* probs, float* out_probs, void* workspace, int wait,
+                    int32_t* host_tpe, int variant, cudaStream_t stream);
 
 // out[t] = sum_k w[t,k] * y[row_map[t,k]] (row_map >= 0), fp32 accumulation in k order.
 // y [R, H] and out [T, H] of y_dtype; w [T, K] of w_dtype. variant bit 1: 2 vectors per row in

@@ -20,11 +20,12 @@ __device__ __forceinline__ int cdiv_dev(int a, int b) { return (a + b - 1) / b; 
 __global__ void __launch_bounds__(kThreads) gather_index_kernel(
     const void* __restrict__ idx, bool idx64, int64_t n, int E, int SB,
     const int32_t* __restrict__ estart, const int32_t* __restrict__ base,
-    const int32_t* __restrict__ lrank, int32_t* __restrict__ inv, int32_t* __restrict__ row_map) {
+    const int32_t* __restrict__ lrank, int32_t* __restrict__ inv, int32_t* __restrict__ row_map,
+    const float* __restrict__ probs, float* __restrict__ out_probs) {
   const int64_t s = (int64_t)blockIdx.x * kThreads + threadIdx.x;
   if (s >= n) return;
   const int row = slot_row(idx, idx64, s, E, SB, estart, base, lrank);
-  row_map[s] = row;
+  write_row(row_map, probs, out_probs, s, row);
   if (row >= 0) inv[row] = (int32_t)s;
 }
 
@@ -64,7 +65,7 @@ int gather_copy(const CopyArgs& a, int NB, const int32_t* ecount, int32_t* inv, 
   if (a.rb % 16 != 0 || !aligned<uint4>(a.x) || !aligned<uint4>(a.out)) return 1;
   const int64_t n = a.T * a.K;
   gather_index_kernel<<<(unsigned)cdiv(n, kThreads), kThreads, 0, st>>>(
-      a.idx, a.idx64, n, a.E, a.SB, a.estart, a.base, a.lrank, inv, a.row_map);
+      a.idx, a.idx64, n, a.E, a.SB, a.estart, a.base, a.lrank, inv, a.row_map, a.probs, a.out_probs);
   MOE_CHECK_LAUNCH("gather_index_kernel");
   static const int kTile[4] = {512, 128, 2048, 8192};
   const int64_t tile = kTile[(variant >> 10) & 3];

@@ -40,6 +40,9 @@ def assert_same_permute(a: ops.Permuted, b: ops.Permuted):
     assert (a.scales_RS is None) == (b.scales_RS is None)
     if a.scales_RS is not None:
         assert torch.equal(a.scales_RS, b.scales_RS)
+    assert (a.probs_R is None) == (b.probs_R is None)
+    if a.probs_R is not None:
+        assert a.probs_R.dtype == torch.float32 and torch.equal(a.probs_R, b.probs_R)
 
 
 # ---------------------------------------------------------------- reference semantics
@@ -69,6 +72,21 @@ def test_reference_padding_and_unpermute():
     torch.testing.assert_close(out, want, rtol=1e-2, atol=1e-2)
 
 
+def test_reference_probs_follow_rows():
+    """probs_TK[t, k] lands on row row_map[t, k]; padding rows and masked slots carry nothing."""
+    x = payload(5, 4)
+    idx = torch.tensor([[0, 2], [1, -1], [2, 0], [-1, -1], [1, 2]])
+    w = torch.arange(1, 11, dtype=torch.float32).view(5, 2)
+    p = ops.permute(x, idx, 3, pad_multiple=4, impl="torch", probs_TK=w.bfloat16())
+    assert p.probs_R.dtype == torch.float32
+    assert p.probs_R.tolist() == [1, 6, 0, 0, 3, 9, 0, 0, 2, 5, 10, 0]
+    assert ops.permute(x, idx, 3, impl="torch").probs_R is None
+    counted = ops.permute(x, idx, 3, pad_multiple=4, impl="torch", counts_to_host=True)
+    assert counted.tokens_per_expert_host == [4, 4, 4] and p.tokens_per_expert_host is None
+    with pytest.raises(ValueError, match="must match"):
+        ops.permute(x, idx, 3, impl="torch", probs_TK=w[:, :1])
+
+
 def test_sort_chunks_reference():
     x = torch.arange(6.0)[:, None]
     out = ops.sort_chunks_by_idxs(x, [1, 2, 3], [2, 0, 1], impl="torch")
@@ -92,6 +110,8 @@ def test_opcheck_torch_impl():
     x = payload(6, 8)
     idx = make_routing(6, 2, 4, seed=3)
     torch.library.opcheck(torch.ops.moebench.permute.default, (x, idx, 4, None, 0, -1, "torch"))
+    torch.library.opcheck(torch.ops.moebench.permute.default,
+                          (x, idx, 4, None, 0, -1, "torch", torch.rand(6, 2)))
     p = ops.permute(x, idx, 4, impl="torch")
     torch.library.opcheck(torch.ops.moebench.unpermute.default,
                           (p.x_RH, p.row_map_TK, torch.rand(6, 2), "torch"))
@@ -120,6 +140,9 @@ def _triton_case(T, H, K, E, pad, fp8, idt):
     a = ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl="triton")
     b = ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl="torch")
     assert_same_permute(a, b)
+    probs = torch.rand(T, K)
+    assert_same_permute(ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl="triton", probs_TK=probs),
+                        ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl="torch", probs_TK=probs))
     y = payload(b.x_RH.shape[0], H, seed=5)
     w = torch.rand(T, K)
     torch.testing.assert_close(ops.unpermute(y, b.row_map_TK, w, impl="triton"),

@@ -34,6 +34,8 @@ def check_permute(a: ops.Permuted, b: ops.Permuted):
     assert torch.equal(a.x_RH.view(torch.uint8), b.x_RH.view(torch.uint8))
     if b.scales_RS is not None:
         assert torch.equal(a.scales_RS, b.scales_RS)
+    if b.probs_R is not None:
+        assert torch.equal(a.probs_R, b.probs_R)
 
 
 def test_cuda_extension_loads():
@@ -54,9 +56,13 @@ def test_impl_matches_reference(impl, shape):
     want = ops.permute(x, idx, E, impl="torch")
     got = ops.permute(x, idx, E, impl=impl)
     check_permute(got, want)
-    got_n = ops.permute(x, idx, E, impl=impl, num_out_rows=want.x_RH.shape[0])
-    check_permute(got_n, want)
     w = torch.rand(T, K, device="cuda")
+    want_p = ops.permute(x, idx, E, impl="torch", probs_TK=w)
+    got_n = ops.permute(x, idx, E, impl=impl, num_out_rows=want.x_RH.shape[0], probs_TK=w)
+    check_permute(got_n, want_p)
+    counted = ops.permute(x, idx, E, impl=impl, probs_TK=w, counts_to_host=True)
+    check_permute(counted, want_p)
+    assert counted.tokens_per_expert_host == want.tokens_per_expert.tolist()
     y = torch.randn_like(want.x_RH)
     ref = ops.unpermute(y, want.row_map_TK, w, impl="torch")
     out = ops.unpermute(y, want.row_map_TK, w, impl=impl)
@@ -72,11 +78,12 @@ def test_fp8_scales_padding(impl, pad):
     x = torch.randn(T, H, device="cuda").to(torch.float8_e4m3fn)
     s = torch.rand(T, H // 128, device="cuda")
     idx = routing(T, K, E, mask_frac=0.2, seed=pad)
-    want = ops.permute(x, idx, E, scales_TS=s, pad_multiple=pad, impl="torch")
-    got = ops.permute(x, idx, E, scales_TS=s, pad_multiple=pad, impl=impl)
+    w = torch.rand(T, K, device="cuda")
+    want = ops.permute(x, idx, E, scales_TS=s, pad_multiple=pad, impl="torch", probs_TK=w)
+    got = ops.permute(x, idx, E, scales_TS=s, pad_multiple=pad, impl=impl, probs_TK=w)
     check_permute(got, want)
     idx32 = idx.int()
-    check_permute(ops.permute(x, idx32, E, scales_TS=s, pad_multiple=pad, impl=impl), want)
+    check_permute(ops.permute(x, idx32, E, scales_TS=s, pad_multiple=pad, impl=impl, probs_TK=w), want)
 
 
 # csrc variant bits: 0 bulk (TMA) copy with L2 evict-first hints; 1 without the hints; 32/96 two/four buffers; 128 4 KB
@@ -97,7 +104,8 @@ def test_copy_variants(variant, shape):
     T, H, K, E = shape
     x = torch.randn(T, H, device="cuda").bfloat16()
     idx = routing(T, K, E, mask_frac=0.1, seed=len(variant))
-    check_permute(ops.permute(x, idx, E, impl=variant), ops.permute(x, idx, E, impl="torch"))
+    w = torch.rand(T, K, device="cuda")
+    check_permute(ops.permute(x, idx, E, impl=variant, probs_TK=w), ops.permute(x, idx, E, impl="torch", probs_TK=w))
     x8, s = x.to(torch.float8_e4m3fn), torch.rand(T, 3, device="cuda")
     check_permute(ops.permute(x8, idx, E, scales_TS=s, pad_multiple=16, impl=variant),
                   ops.permute(x8, idx, E, scales_TS=s, pad_multiple=16, impl="torch"))
@@ -125,6 +133,8 @@ def test_opcheck(impl):
     x = torch.randn(T, H, device="cuda").bfloat16()
     idx = routing(T, K, E, mask_frac=0.2)
     torch.library.opcheck(torch.ops.moebench.permute.default, (x, idx, E, None, 0, -1, impl))
+    torch.library.opcheck(torch.ops.moebench.permute.default,
+                          (x, idx, E, None, 0, -1, impl, torch.rand(T, K, device="cuda")))
     p = ops.permute(x, idx, E, impl="torch")
     torch.library.opcheck(torch.ops.moebench.unpermute.default,
                           (p.x_RH, p.row_map_TK, torch.rand(T, K, device="cuda"), impl))

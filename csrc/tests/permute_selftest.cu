@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   for (int e = 0; e < E; ++e)
     for (int64_t s = 0; s < T * K; ++s) if (idx[s] == e) ref_map[s] = fill[e]++;
 
-  void *dx, *didx, *dout, *dws, *dw, *dun;
+  void *dx, *didx, *dout, *dws, *dw, *dun, *dp, *dpo;
   int32_t *dmap, *dtpe;
   const size_t ws = moe_permute_workspace_bytes(T * K, E);
   CK(cudaMalloc(&dx, T * H * 2));
@@ -49,19 +49,31 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&dtpe, E * 4));
   CK(cudaMalloc(&dw, T * K * 4));
   CK(cudaMalloc(&dun, T * H * 2));
+  CK(cudaMalloc(&dp, T * K * 4));
+  CK(cudaMalloc(&dpo, T * K * 4));
+  std::vector<float> p(T * K);
+  for (int64_t s = 0; s < T * K; ++s) p[s] = (float)s;
+  CK(cudaMemcpy(dp, p.data(), T * K * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dx, x.data(), T * H * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(didx, idx.data(), T * K * 8, cudaMemcpyHostToDevice));
+  int32_t* htpe;
+  CK(cudaHostAlloc(&htpe, E * 4, cudaHostAllocMapped));
   const int64_t got = moe_permute(dx, H * 2, nullptr, 0, didx, 8, T, K, E, 0, dout, nullptr, dmap,
-                                  dtpe, dws, 1, 0, 0);
+                                  dtpe, static_cast<const float*>(dp), static_cast<float*>(dpo), dws,
+                                  1, htpe, 0, 0);
   if (got < 0) { fprintf(stderr, "moe_permute: %s\n", moe_last_error()); return 1; }
   CK(cudaDeviceSynchronize());
   std::vector<int32_t> map(T * K);
   std::vector<uint16_t> out(R * H);
   CK(cudaMemcpy(map.data(), dmap, T * K * 4, cudaMemcpyDeviceToHost));
+  std::vector<float> po(R);
   CK(cudaMemcpy(out.data(), dout, R * H * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(po.data(), dpo, R * 4, cudaMemcpyDeviceToHost));
   int64_t bad = got != R;
+  for (int e = 0; e < E; ++e) bad += htpe[e] != cnt[e];   // written by the scan into host memory
   for (int64_t s = 0; s < T * K; ++s) {
     bad += map[s] != ref_map[s];
+    if (ref_map[s] >= 0) bad += po[ref_map[s]] != p[s];
     if (ref_map[s] >= 0) bad += memcmp(&out[ref_map[s] * H], &x[(s / K) * H], H * 2) != 0;
   }
   std::vector<float> w(T * K, 0.5f);

@@ -1,15 +1,17 @@
 """`alltoall`: Megatron-Core's MoEAlltoAllTokenDispatcher path on plain torch.distributed.
 
-dispatch: permute rows by global expert (= by destination rank) -> exchange per-expert counts ->
+dispatch: permute rows (and their routing weights, one launch) by global expert (= by destination
+rank) -> exchange per-expert counts ->
 one host sync for the splits -> all_to_all_single of the rows, then of the probs -> sort the
 received (source rank, local expert) chunks into (local expert, source rank) order.
 combine mirrors it: inverse chunk sort -> all_to_all_single back -> weighted unpermute.
 It sends one copy per (token, expert), so its wire bytes exceed the deduplicated pairs.
 
 No work that does nothing: with one rank or one local expert the chunk order is already expert-major,
-so neither chunk sort runs (Megatron sorts anyway; `mcore-alltoall` keeps that). The permute writes
-into its upper-bound buffer without waiting for the row count; the send and receive counts reach the
-host together in one copy, and the chunk sorts take their split sizes from the device copy.
+so neither chunk sort runs (Megatron sorts anyway; `mcore-alltoall` keeps that). With several ranks
+the permute writes into its upper-bound buffer without waiting for the row count; the send and receive
+counts reach the host together in one copy, and the chunk sorts take their split sizes from the device
+copy. With one rank the host learns the counts from the permute's index kernels, before its copy ends.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .. import ops
-from .base import Backend, Dispatched, probs_by_row
+from .base import Backend, Dispatched
 
 
 @dataclass
@@ -66,24 +68,29 @@ class AlltoallBackend(Backend):
     def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
         w, W, L = self.w, self.world, self.w.local_experts
         T, K = topk_idx_TK.shape
-        # T*K rows bound the count: the permute needs no wait, its rows past the count are never sent
-        p = ops.permute(x_TH, topk_idx_TK, w.num_experts, scales_TS=scales_TS, impl=self.impl, num_out_rows=T * K)
-        probs_R = probs_by_row(p.row_map_TK, topk_w_TK, p.x_RH.shape[0])
+        # the routing weights are permuted in the same launch. One rank: the counts per expert reach the
+        # host from the permute's index kernels while its copy runs (the one host sync). Several ranks:
+        # T*K rows bound the count, so the permute needs no wait (rows past the count are never sent)
+        p = ops.permute(x_TH, topk_idx_TK, w.num_experts, scales_TS=scales_TS, impl=self.impl,
+                        num_out_rows=T * K if W > 1 else None, probs_TK=topk_w_TK, counts_to_host=W == 1)
         send_counts = p.tokens_per_expert.view(W, L)
         if W > 1:
             send_counts = send_counts.to(torch.int64)
             recv_counts = torch.empty_like(send_counts)
             dist.all_to_all_single(recv_counts, send_counts, group=self.group)
-        else:                                                        # one rank: what it sends it receives
+            # the split sizes and rows per local expert, summed on the device behind the permute, reach
+            # the host in one copy: the one host sync (Megatron has it too), nothing summed in Python
+            sizes = torch.cat([send_counts.sum(1), recv_counts.sum(1), recv_counts.sum(0)]).tolist()
+            in_splits, out_splits, tokens_per_expert = sizes[:W], sizes[W:2 * W], sizes[2 * W:]
+        else:       # one rank: what it sends it receives
             recv_counts = send_counts
-        # the split sizes and rows per local expert, summed on the device behind the permute, reach the
-        # host in one copy: the one host sync (Megatron has it too), nothing summed in Python
-        sizes = torch.cat([send_counts.sum(1), recv_counts.sum(1), recv_counts.sum(0)]).cpu().tolist()
-        in_splits, out_splits, tokens_per_expert = sizes[:W], sizes[W:2 * W], sizes[2 * W:]
+            tokens_per_expert = p.tokens_per_expert_host
+            in_splits = out_splits = [p.x_RH.shape[0]]
         S, R = sum(in_splits), sum(out_splits)
-        x_R = self._a2a(p.x_RH[:S], R, out_splits, in_splits)
-        probs_recv = self._a2a(probs_R[:S], R, out_splits, in_splits)
-        scales_R = self._a2a(p.scales_RS[:S], R, out_splits, in_splits) if p.scales_RS is not None else None
+        rows = lambda t: t if t.shape[0] == S else t[:S]  # noqa: E731   (no view op when nothing was dropped)
+        x_R = self._a2a(rows(p.x_RH), R, out_splits, in_splits)
+        probs_recv = self._a2a(rows(p.probs_R), R, out_splits, in_splits)
+        scales_R = self._a2a(rows(p.scales_RS), R, out_splits, in_splits) if p.scales_RS is not None else None
         if self._sorts():
             chunks = recv_counts.view(-1)
             sort = lambda t: ops.sort_chunks_by_idxs(t, chunks, self.to_expert_major, impl=self.impl)  # noqa: E731

@@ -57,15 +57,6 @@ def routing_map_and_probs(topk_idx_TK: torch.Tensor, topk_w_TK: torch.Tensor, nu
     return hits > 0, probs
 
 
-def probs_by_row(row_map_TK: torch.Tensor, w_TK: torch.Tensor, num_rows: int) -> torch.Tensor:
-    """fp32 [num_rows]: w[t,k] at permuted row row_map[t,k] (slots with -1 are dropped), without the
-    device->host wait that boolean-mask indexing costs; rows no slot maps to are 0."""
-    out = torch.zeros(num_rows + 1, dtype=torch.float32, device=w_TK.device)   # last: where -1 slots land
-    dst = row_map_TK.long().remainder_(num_rows + 1)                           # -1 -> num_rows (fewest launches)
-    out.scatter_(0, dst.reshape(-1), w_TK.float().reshape(-1))
-    return out[:num_rows]
-
-
 class Unavailable(RuntimeError):
     """Raised by setup() when the package imports but cannot serve this run: the backend is WAIVED."""
 

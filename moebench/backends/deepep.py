@@ -38,7 +38,7 @@ import torch
 from .. import ops
 from ..toolkit import dist_version
 from ..workload import WorkloadError
-from .base import Backend, Dispatched, Unavailable, probs_by_row
+from .base import Backend, Dispatched, Unavailable
 
 HINT = ("install DeepEP from branch hybrid-ep (legacy Buffer + HybridEPBuffer) or tag v1.2.1; DeepEP main "
         "(2.x) also serves deepep and deepep-ll (its deep_ep.Buffer is the legacy API, same signature) but has "
@@ -157,9 +157,9 @@ def group_by_local_expert(x_NH, local_idx_NK, weights_NK, num_local: int, scales
     local_idx_NK holds local expert ids in [0, L) or -1; num_rows, when the backend already knows
     the count, spares the device->host wait."""
     w = torch.where(local_idx_NK >= 0, weights_NK.float(), 0.0)
-    p = ops.permute(x_NH, local_idx_NK, num_local, scales_TS=scales_NS, impl=impl, num_out_rows=num_rows)
-    probs_R = probs_by_row(p.row_map_TK, w, p.x_RH.shape[0])
-    return Grouped(p.x_RH, p.scales_RS, p.row_map_TK, w, probs_R, p.tokens_per_expert)
+    p = ops.permute(x_NH, local_idx_NK, num_local, scales_TS=scales_NS, impl=impl, num_out_rows=num_rows,
+                    probs_TK=w)
+    return Grouped(p.x_RH, p.scales_RS, p.row_map_TK, w, p.probs_R, p.tokens_per_expert)
 
 
 def weighted_rows(y_RH, g: Grouped, impl: str = "auto") -> torch.Tensor:

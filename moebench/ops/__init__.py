@@ -14,7 +14,8 @@ Why this shape:
   index; -1 slots skipped). Its row count depends on the data, so the GPU impls compute the index
   math on the device, launch the copy into an upper-bound buffer, and only then wait for the row
   count (the copy keeps the GPU busy meanwhile). Pass ``num_out_rows`` when the caller already
-  knows it (e.g. from the all-to-all splits): then nothing waits for the device.
+  knows it (e.g. from the all-to-all splits): then nothing waits for the device. ``probs_TK``
+  (routing weights) are permuted by the same launch, where each slot's row is known anyway.
 - The CUDA impl lives in ``moebench._C`` (built by setup.py, or JIT-built into a cache on first
   GPU use); when it cannot be loaded, ``best_impl`` falls back to Triton and ``impl_status`` says why.
 """
@@ -36,6 +37,8 @@ class Permuted(NamedTuple):
     scales_RS: Tensor | None     # fp8 payload scales permuted the same way (None for bf16)
     row_map_TK: Tensor           # int32 [T, K]: output row of slot (t, k); -1 for masked slots
     tokens_per_expert: Tensor    # int32 [E] on x's device (padded counts when pad_multiple > 0)
+    probs_R: Tensor | None = None  # fp32 [R]: probs[t, k] at row row_map[t, k] (0 on padding rows)
+    tokens_per_expert_host: list[int] | None = None   # the same counts on the host (counts_to_host)
 
 
 # ---------------------------------------------------------------- implementation registry
@@ -62,6 +65,7 @@ def _check_cuda() -> tuple[bool, str]:
 def impl_status() -> dict[str, tuple[bool, str]]:
     """Per impl: (available, why not). May JIT-build the CUDA extension on first call."""
     if "torch" not in _status:
+        _resolved.clear()
         _status["torch"] = (True, "")
         _status["triton"] = _check_triton()
         _status["cuda"] = _check_cuda()
@@ -93,12 +97,20 @@ def best_impl(device, op: str = "permute") -> str:
     return "torch"
 
 
+_resolved: dict = {}      # (impl, device type, op) -> (module, variant): resolved once, used per call
+
+
 def _backend(impl: str, device: torch.device, op: str):
     """(implementation module, variant) for "NAME" or "NAME@VARIANT" (cuda@16, triton@2048:8)."""
-    impl, _, variant = impl.partition("@")
-    if variant and (impl not in ("cuda", "triton") or op == "sort_chunks_by_idxs"):
-        raise ValueError(f"impl {impl!r} has no variants for {op} (only cuda@V and triton@... permute/unpermute)")
-    return _module(impl, device, op), variant
+    key = (impl, device.type, op)
+    hit = _resolved.get(key)
+    if hit is not None:
+        return hit
+    name, _, variant = impl.partition("@")
+    if variant and (name not in ("cuda", "triton") or op == "sort_chunks_by_idxs"):
+        raise ValueError(f"impl {name!r} has no variants for {op} (only cuda@V and triton@... permute/unpermute)")
+    hit = _resolved[key] = (_module(name, device, op), variant)
+    return hit
 
 
 def _module(impl: str, device: torch.device, op: str):
@@ -126,20 +138,31 @@ def _module(impl: str, device: torch.device, op: str):
 # ---------------------------------------------------------------- torch.library registration
 _lib = torch.library.Library("moebench", "FRAGMENT")
 _lib.define("permute(Tensor x, Tensor topk_idx, int num_experts, Tensor? scales, int pad_multiple, "
-            "int num_out_rows, str impl) -> (Tensor, Tensor, Tensor, Tensor)")
+            "int num_out_rows, str impl, Tensor? probs=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
 _lib.define("unpermute(Tensor y, Tensor row_map, Tensor topk_w, str impl) -> Tensor")
 _lib.define("sort_chunks_by_idxs(Tensor x, Tensor split_sizes, Tensor sorted_idxs, str impl) -> Tensor")
 
-_NO_SCALES = torch.empty(0)
 
-
-def _permute_kernel(x, topk_idx, num_experts, scales, pad_multiple, num_out_rows, impl):
+def _permute_impl(x, topk_idx, num_experts, scales, pad_multiple, num_out_rows, impl, probs=None,
+                  host_counts=False):
+    """(out, out_s or None, row_map, tpe, out_p or None[, tpe as a host list]) from the chosen
+    implementation; the CUDA one delivers the host counts before its copy ends, the others after."""
     mod, variant = _backend(impl, x.device, "permute")
-    args = (x, topk_idx, num_experts, scales, pad_multiple, num_out_rows)
-    out, out_s, row_map, tpe = mod.permute(*args, variant) if variant else mod.permute(*args)
-    if out_s is None:
-        out_s = torch.empty(0, dtype=torch.float32, device=x.device)
-    return out, out_s, row_map, tpe
+    args = (x, topk_idx, num_experts, scales, pad_multiple, num_out_rows, variant, probs)
+    if not host_counts:
+        return mod.permute(*args)
+    if getattr(mod, "HOST_COUNTS", False):
+        return mod.permute(*args, host_counts=True)
+    res = mod.permute(*args)
+    return (*res, res[3].tolist())
+
+
+def _permute_kernel(x, topk_idx, num_experts, scales, pad_multiple, num_out_rows, impl, probs=None):
+    """The registered op: a schema has no optional outputs, so absent ones are empty fp32 tensors."""
+    out, out_s, row_map, tpe, out_p = _permute_impl(x, topk_idx, num_experts, scales, pad_multiple,
+                                                    num_out_rows, impl, probs)
+    none = lambda t: torch.empty(0, dtype=torch.float32, device=x.device) if t is None else t  # noqa: E731
+    return out, none(out_s), row_map, tpe, none(out_p)
 
 
 def _unpermute_kernel(y, row_map, topk_w, impl):
@@ -158,14 +181,15 @@ for _key in ("CPU", "CUDA"):
 
 
 @torch.library.register_fake("moebench::permute", lib=_lib)
-def _permute_fake(x, topk_idx, num_experts, scales, pad_multiple, num_out_rows, impl):
+def _permute_fake(x, topk_idx, num_experts, scales, pad_multiple, num_out_rows, impl, probs=None):
     R = num_out_rows if num_out_rows >= 0 else torch.library.get_ctx().new_dynamic_size()
     out = x.new_empty((R, x.shape[1]))
     out_s = (scales.new_empty((R, scales.shape[1])) if scales is not None
              else x.new_empty((0,), dtype=torch.float32))
     row_map = topk_idx.new_empty(topk_idx.shape, dtype=torch.int32)
     tpe = x.new_empty((num_experts,), dtype=torch.int32)
-    return out, out_s, row_map, tpe
+    out_p = x.new_empty((R if probs is not None else 0,), dtype=torch.float32)
+    return out, out_s, row_map, tpe, out_p
 
 
 @torch.library.register_fake("moebench::unpermute", lib=_lib)
@@ -186,18 +210,34 @@ def _op(registered, kernel):
 
 
 def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, *, scales_TS: Tensor | None = None,
-            pad_multiple: int = 0, impl: str = "auto", num_out_rows: int | None = None) -> Permuted:
+            pad_multiple: int = 0, impl: str = "auto", num_out_rows: int | None = None,
+            probs_TK: Tensor | None = None, counts_to_host: bool = False) -> Permuted:
     """Group token rows by expert (Megatron order). ``num_out_rows``: the caller's known row count
-    (padded count when pad_multiple > 0); skips the wait for the device to count rows."""
+    (padded count when pad_multiple > 0); skips the wait for the device to count rows.
+    ``probs_TK``: routing weights [T, K], permuted with the rows in the same launch (``probs_R``, fp32),
+    as Transformer Engine's ``moe_permute_with_probs`` does; no separate scatter.
+    ``counts_to_host``: also ``tokens_per_expert_host`` (a list), the one host sync of the call; the
+    exact row count then comes with it (``num_out_rows`` is not needed)."""
     if x_TH.dim() != 2 or topk_idx_TK.dim() != 2 or x_TH.shape[0] != topk_idx_TK.shape[0]:
         raise ValueError(f"want x [T, H] and topk_idx [T, K]; got {tuple(x_TH.shape)}, "
                          f"{tuple(topk_idx_TK.shape)}")
     if scales_TS is not None and scales_TS.shape[0] != x_TH.shape[0]:
         raise ValueError("scales_TS must have one row per token")
-    out, out_s, row_map, tpe = _op(torch.ops.moebench.permute, _permute_kernel)(
-        x_TH, topk_idx_TK, int(num_experts), scales_TS, int(pad_multiple),
-        -1 if num_out_rows is None else int(num_out_rows), impl)
-    return Permuted(out, out_s if scales_TS is not None else None, row_map, tpe)
+    if probs_TK is not None:
+        if probs_TK.shape != topk_idx_TK.shape:
+            raise ValueError(f"probs_TK {tuple(probs_TK.shape)} must match topk_idx {tuple(topk_idx_TK.shape)}")
+        probs_TK = probs_TK.float()
+    n_out = -1 if num_out_rows is None else int(num_out_rows)
+    if torch.compiler.is_compiling():
+        res = torch.ops.moebench.permute(x_TH, topk_idx_TK, int(num_experts), scales_TS, int(pad_multiple),
+                                         n_out, impl, probs_TK)
+        res = (*res, res[3].tolist() if counts_to_host else None)
+    else:
+        res = _permute_impl(x_TH, topk_idx_TK, int(num_experts), scales_TS, int(pad_multiple), n_out, impl,
+                            probs_TK, counts_to_host)
+    out, out_s, row_map, tpe, out_p = res[:5]
+    return Permuted(out, out_s if scales_TS is not None else None, row_map, tpe,
+                    out_p if probs_TK is not None else None, res[5] if counts_to_host else None)
 
 
 def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor, *, impl: str = "auto") -> Tensor:

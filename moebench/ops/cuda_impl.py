@@ -22,6 +22,7 @@ SOURCES = ("moe_permute.cu", "bindings.cpp")
 VARIANT_PERMUTE = int(os.environ.get("MOEBENCH_CUDA_PERMUTE_VARIANT", "0"))
 VARIANT_UNPERMUTE = int(os.environ.get("MOEBENCH_CUDA_UNPERMUTE_VARIANT", "0"))
 _DTYPE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+HOST_COUNTS = True    # permute(host_counts=True): tokens per expert on the host before the copy ends
 
 
 def _jit_build():
@@ -85,19 +86,48 @@ def load() -> tuple[bool, str]:
     return False, _why
 
 
-def _stream() -> int:
-    return torch.cuda.current_stream().cuda_stream
+def _stream(dev: torch.device) -> int:
+    # the raw handle, as Triton's launcher gets it: torch.cuda.current_stream() builds a Stream object
+    return torch._C._cuda_getCurrentRawStream(dev.index if dev.index is not None else torch.cuda.current_device())
+
+
+def _contig(t: Tensor) -> Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+class _HostCounts:
+    """Pinned int32 rows, one per call in turn, that the scan kernel writes tokens per expert into
+    (pinned memory is mapped into the GPU's address space): the host reads them as soon as the
+    index kernels are done, while the copy still runs. Made once per device."""
+
+    SLOTS, E_MAX = 16, 4096
+    _rings: dict = {}
+
+    @classmethod
+    def take(cls, dev: torch.device):
+        ring = cls._rings.get(dev)
+        if ring is None:
+            host = torch.zeros((cls.SLOTS, cls.E_MAX), dtype=torch.int32, pin_memory=True)
+            ring = cls._rings[dev] = [host, host.numpy(), 0]
+        host, view, n = ring
+        ring[2] = n + 1
+        row = n % cls.SLOTS
+        return host[row].data_ptr(), view[row]
 
 
 def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tensor | None,
-            pad_multiple: int, num_out_rows: int = -1, variant: str = ""):
+            pad_multiple: int, num_out_rows: int = -1, variant: str = "", probs_TK: Tensor | None = None,
+            host_counts: bool = False):
+    """host_counts: also return tokens per expert as a host list (6th value), read from pinned memory
+    the scan kernel writes, so the host waits for the index kernels only, not for the copy."""
     T, K = topk_idx_TK.shape
     E = int(num_experts)
     if K > 32 or E > 4096 or K == 0 or E == 0:
         from . import triton_impl  # outside the CUDA kernels' limits
-        return triton_impl.permute(x_TH, topk_idx_TK, E, scales_TS, pad_multiple, num_out_rows)
-    x = x_TH.contiguous()
-    idx = topk_idx_TK.contiguous()
+        res = triton_impl.permute(x_TH, topk_idx_TK, E, scales_TS, pad_multiple, num_out_rows, "", probs_TK)
+        return (*res, res[3].tolist()) if host_counts else res
+    x = _contig(x_TH)
+    idx = _contig(topk_idx_TK)
     if idx.dtype not in (torch.int32, torch.int64):
         idx = idx.long()
     dev = x.device
@@ -106,44 +136,57 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
     out = torch.empty((r_max, x.shape[1]), dtype=x.dtype, device=dev)
     s = out_s = None
     if scales_TS is not None:
-        s = scales_TS.contiguous()
+        s = _contig(scales_TS)
         out_s = torch.empty((r_max, s.shape[1]), dtype=s.dtype, device=dev)
+    p = out_p = None
+    if probs_TK is not None:
+        p = _contig(probs_TK.float())
+        out_p = torch.empty(r_max, dtype=torch.float32, device=dev)
     row_map = torch.empty((T, K), dtype=torch.int32, device=dev)
     tpe = torch.empty(E, dtype=torch.int32, device=dev)
     ws = torch.empty(_C.workspace_bytes(T * K, E), dtype=torch.uint8, device=dev)
-    wait = 1 if num_out_rows < 0 else 0
+    wait = 1 if (num_out_rows < 0 or host_counts) else 0
+    host_ptr, host_view = _HostCounts.take(dev) if host_counts else (0, None)
     R = _C.permute(x.data_ptr(), x.shape[1] * x.element_size(),
                    s.data_ptr() if s is not None else 0,
                    s.shape[1] * s.element_size() if s is not None else 0,
                    idx.data_ptr(), idx.element_size(), T, K, E, pad, out.data_ptr(),
                    out_s.data_ptr() if out_s is not None else 0, row_map.data_ptr(), tpe.data_ptr(),
-                   ws.data_ptr(), wait, int(variant) if variant else VARIANT_PERMUTE, _stream())
+                   p.data_ptr() if p is not None else 0, out_p.data_ptr() if p is not None else 0,
+                   ws.data_ptr(), wait, host_ptr, int(variant) if variant else VARIANT_PERMUTE, _stream(dev))
     if not wait:
         R = int(num_out_rows)
-    return out[:R], (out_s[:R] if out_s is not None else None), row_map, tpe
+    if R != r_max:
+        out = out[:R]
+        out_s = out_s[:R] if out_s is not None else None
+        out_p = out_p[:R] if out_p is not None else None
+    if host_counts:
+        return out, out_s, row_map, tpe, out_p, host_view[:E].tolist()
+    return out, out_s, row_map, tpe, out_p
 
 
 def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor, variant: str = "") -> Tensor:
     T, K = row_map_TK.shape
-    y = y_RH.contiguous()
+    y = _contig(y_RH)
     H = y.shape[1]
     if y.dtype not in _DTYPE or K > 32:
         from . import triton_impl
         return triton_impl.unpermute(y_RH, row_map_TK, topk_w_TK)
-    w = topk_w_TK.contiguous()
+    w = _contig(topk_w_TK)
     if w.dtype not in _DTYPE:
         w = w.float()
-    rm = row_map_TK.contiguous().to(torch.int32)
+    rm = row_map_TK if row_map_TK.dtype == torch.int32 else row_map_TK.to(torch.int32)
+    rm = _contig(rm)
     out = torch.empty((T, H), dtype=y.dtype, device=y.device)
     if y.shape[0] == 0:
         return out.zero_()
     _C.unpermute(y.data_ptr(), _DTYPE[y.dtype], rm.data_ptr(), w.data_ptr(), _DTYPE[w.dtype],
-                 out.data_ptr(), T, K, H, int(variant) if variant else VARIANT_UNPERMUTE, _stream())
+                 out.data_ptr(), T, K, H, int(variant) if variant else VARIANT_UNPERMUTE, _stream(y.device))
     return out
 
 
 def sort_chunks_by_idxs(x_RH: Tensor, split_sizes_C: Tensor, sorted_idxs_C: Tensor) -> Tensor:
-    x = x_RH.contiguous()
+    x = _contig(x_RH)
     out = torch.empty_like(x)
     C = split_sizes_C.numel()
     if C > 2048:
@@ -154,5 +197,5 @@ def sort_chunks_by_idxs(x_RH: Tensor, split_sizes_C: Tensor, sorted_idxs_C: Tens
     if x.shape[0] == 0 or C == 0:
         return out
     _C.sort_chunks(x.data_ptr(), x.shape[1] * x.element_size(), x.shape[0], sizes.data_ptr(),
-                   idxs.data_ptr(), C, out.data_ptr(), _stream())
+                   idxs.data_ptr(), C, out.data_ptr(), _stream(x.device))
     return out

@@ -40,8 +40,9 @@ def route(topk_idx_TK: Tensor, num_experts: int, pad_multiple: int = 0):
 
 
 def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tensor | None = None,
-            pad_multiple: int = 0, num_out_rows: int = -1):
-    """Returns (x_RH, scales_RS or None, row_map_TK, tokens_per_expert_E); num_out_rows unused."""
+            pad_multiple: int = 0, num_out_rows: int = -1, variant: str = "", probs_TK: Tensor | None = None):
+    """Returns (x_RH, scales_RS or None, row_map_TK, tokens_per_expert_E, probs_R or None);
+    num_out_rows and variant unused. probs_R[row_map[t, k]] = probs_TK[t, k]; padding rows 0."""
     K = topk_idx_TK.shape[1]
     row_map, tpe, R, slots, rows = route(topk_idx_TK, num_experts, pad_multiple)
     tokens = slots // K
@@ -51,7 +52,11 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
     if scales_TS is not None:
         out_s = scales_TS.new_zeros((R, scales_TS.shape[1]))
         out_s[rows] = scales_TS[tokens]
-    return out, out_s, row_map, tpe
+    out_p = None
+    if probs_TK is not None:
+        out_p = torch.zeros(R, dtype=torch.float32, device=x_TH.device)
+        out_p[rows] = probs_TK.reshape(-1)[slots].float()
+    return out, out_s, row_map, tpe, out_p
 
 
 def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor) -> Tensor:
