@@ -2,6 +2,13 @@
 the calls queued back to back), optional L2 flush, CUDA events around the call, per-iteration max
 over ranks, then median / p10 / p90 / min. Also host time per call and Chrome traces.
 
+Launch: after the barrier the L2 flush is queued first, so the host launches the call while the GPU
+flushes, as a training step's host runs ahead of its GPU (DeepEP's bench and nvbench's cold runs
+queue the launch behind a flush or a blocking kernel the same way). What the host does inside the
+call after the GPU has caught up (waiting for split sizes, launching what follows the wait) stays in
+t; ``host_us`` gives a call's whole host time. Without the flush the launch latency is in t. The
+record says which (``timing.launch``).
+
 On CPU (gloo) the same loop runs with a host clock: the numbers say the code works, not how fast.
 """
 from __future__ import annotations
@@ -26,11 +33,13 @@ class Stats:
     p90_us: float
     min_us: float
     samples_us: list[float]
+    launch: str = ""        # where the host's launch of the call sits against the timed span
 
     def asdict(self) -> dict:
         return {"timer": self.timer, "iters": self.iters, "rank_agg": "max over ranks per iteration",
                 "median_us": self.median_us, "p10_us": self.p10_us, "p90_us": self.p90_us,
-                "min_us": self.min_us, "samples_us": [round(x, 3) for x in self.samples_us]}
+                "min_us": self.min_us, "samples_us": [round(x, 3) for x in self.samples_us],
+                **({"launch": self.launch} if self.launch else {})}
 
 
 def stats(times_s: list[float], timer: str) -> Stats:
@@ -56,12 +65,25 @@ class Timer:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
-    def once(self, fn) -> float:
-        """One timed call: optional L2 flush, barrier, CUDA events (CPU: host clock) around fn; seconds."""
+    def lead(self) -> None:
+        """Queue the L2 flush (a read-only one: no dirty lines to write back while timed); the host
+        goes on to launch the timed call while the GPU runs it."""
         if self.flush_buf is not None:
-            self.flush_buf.amax()      # a read-only flush: no dirty lines to write back while timed
+            self.flush_buf.amax()
+
+    @property
+    def launch(self) -> str:
+        if not self.cuda:
+            return ""
+        return ("behind the L2 flush (the host launches while the GPU flushes)" if self.flush_buf is not None
+                else "exposed (no L2 flush to queue behind)")
+
+    def once(self, fn) -> float:
+        """One timed call: barrier, the L2 flush queued (lead), CUDA events (CPU: host clock) around
+        fn; seconds."""
         self.barrier()
         if self.cuda:
+            self.lead()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -97,8 +119,7 @@ class Timer:
         self.barrier()
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
         for start, end in ev:
-            if self.flush_buf is not None:
-                self.flush_buf.amax()
+            self.lead()
             start.record()
             fn()
             end.record()
@@ -110,7 +131,9 @@ class Timer:
         of a collective pays), or queued (`queued`: local kernels)."""
         self.warmup(fn, warmup_ms)
         times = self.queued(fn, iters) if queued else [self.once(fn) for _ in range(iters)]
-        return stats(self.agree_max(times), self.timer_name)
+        st = stats(self.agree_max(times), self.timer_name)
+        st.launch = "queued back to back" if (queued and self.cuda) else self.launch
+        return st
 
     @property
     def timer_name(self) -> str:
