@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Issue 16 on one H200, side by side. Runs from git-archive snapshots carried as .ext/new (the commit
+# under test) and .ext/old (the commit before issue 16's second round), so an edit in the working tree
+# cannot leak in. Carry .ext/new, .ext/old and .whl (megatron-core for mcore-alltoall).
+#   NEW_SHA=<sha> OLD_SHA=<sha> bash bench/issue16_run.sh STEP...
+# Steps: selftest (nvcc build + run of csrc/tests/permute_selftest.cu), tests (GPU tier of the ops
+# and the timer), ab (dispatch --ep 1 alltoall + mcore-alltoall, old and new interleaved twice),
+# host (bench/alltoall_host.py with --ops-impl auto and cuda), permute (moebench.permute, CUDA vs
+# Triton, two processes in opposite order), gpu (the whole `pytest -m gpu tests`).
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"; exec > >(tee -a "$OUT/issue16-h200.txt") 2>&1
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+ROOT=$PWD; t0=$(date +%s); step() { echo "### $1 ($(( $(date +%s) - t0 )) s)"; }
+in_tree() {  # in_tree old|new CMD...: run CMD in that snapshot with its own extension cache and sha
+  local t=$1; shift
+  local sha=$NEW_SHA; [ "$t" = old ] && sha=$OLD_SHA
+  (cd "$ROOT/.ext/$t" && PYTHONPATH="$ROOT/.ext/$t:/tmp/site" MOEBENCH_EXT_DIR=/tmp/ext-$t MOEBENCH_GIT_SHA=$sha "$@")
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+for s in "$@"; do case $s in
+selftest)
+  step selftest
+  (cd .ext/new && nvcc -O3 -std=c++17 -arch=sm_90a -Icsrc csrc/moe_permute.cu csrc/tests/permute_selftest.cu \
+     -o /tmp/permute_selftest && /tmp/permute_selftest) ;;
+tests)
+  step tests
+  in_tree new timeout 240 python3 -m pytest -q -m gpu tests/test_ops_gpu.py tests/test_timing.py -p no:cacheprovider \
+    2>&1 | tail -15 | tee "$OUT/issue16-gpu-tests.log" ;;
+ab)
+  for i in 1 2; do for t in old new; do
+    step "ab $t run $i"
+    in_tree $t timeout 150 python3 -m moebench.dispatch --ep 1 --device cuda --backend alltoall,mcore-alltoall \
+      --out "$OUT/ep1-issue16-h200.jsonl" 2>&1 | grep -E "^(alltoall|mcore|backend)"
+  done; done ;;
+host)
+  for impl in auto cuda; do
+    step "host $impl"
+    in_tree new timeout 150 python3 bench/alltoall_host.py 4096 7168 8 256 $impl 2>&1 | grep -v Warning
+  done ;;
+permute)
+  for order in cuda,triton triton,cuda; do
+    step "permute $order"
+    in_tree new timeout 200 python3 -m moebench.permute --shapes 4096x7168x8x256,16384x7168x8x256 \
+      --ops permute,permute_wait --ops-impl $order --iters 40 --out "$OUT/permute-issue16-h200.jsonl" 2>&1 \
+      | grep -vi warn
+  done ;;
+gpu)
+  step "gpu tier"
+  in_tree new timeout 400 python3 -m pytest -q -m gpu tests -p no:cacheprovider -x 2>&1 | tail -20 \
+    | tee "$OUT/issue16-gpu-tier.log" ;;
+*) echo "unknown step $s"; exit 2 ;;
+esac; done
+step done
