@@ -95,6 +95,20 @@ def _contig(t: Tensor) -> Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+def _up4(n: int) -> int:
+    return (n + 3) & ~3
+
+
+_WS: dict = {}    # (slots, experts) -> workspace int32 words
+
+
+def _ws_words(n: int, E: int) -> int:
+    w = _WS.get((n, E))
+    if w is None:
+        w = _WS[(n, E)] = _up4(-(-_C.workspace_bytes(n, E) // 4))
+    return w
+
+
 class _HostCounts:
     """Pinned int32 rows, one per call in turn, that the scan kernel writes tokens per expert into
     (pinned memory is mapped into the GPU's address space): the host reads them as soon as the
@@ -108,11 +122,11 @@ class _HostCounts:
         ring = cls._rings.get(dev)
         if ring is None:
             host = torch.zeros((cls.SLOTS, cls.E_MAX), dtype=torch.int32, pin_memory=True)
-            ring = cls._rings[dev] = [host, host.numpy(), 0]
-        host, view, n = ring
+            ring = cls._rings[dev] = [[r.data_ptr() for r in host], host.numpy(), 0, host]
+        ptrs, view, n, _ = ring
         ring[2] = n + 1
         row = n % cls.SLOTS
-        return host[row].data_ptr(), view[row]
+        return ptrs[row], view[row]
 
 
 def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tensor | None,
@@ -138,13 +152,17 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
     if scales_TS is not None:
         s = _contig(scales_TS)
         out_s = torch.empty((r_max, s.shape[1]), dtype=s.dtype, device=dev)
-    p = out_p = None
-    if probs_TK is not None:
-        p = _contig(probs_TK.float())
-        out_p = torch.empty(r_max, dtype=torch.float32, device=dev)
-    row_map = torch.empty((T, K), dtype=torch.int32, device=dev)
-    tpe = torch.empty(E, dtype=torch.int32, device=dev)
-    ws = torch.empty(_C.workspace_bytes(T * K, E), dtype=torch.uint8, device=dev)
+    p = None if probs_TK is None else _contig(probs_TK if probs_TK.dtype == torch.float32 else probs_TK.float())
+    # row_map, tokens per expert, the permuted probs and the workspace: one allocation (each costs
+    # microseconds of host time); every piece starts 16-byte aligned
+    n = T * K
+    o_tpe = _up4(n)
+    o_p = o_tpe + _up4(E)
+    o_ws = o_p + (_up4(r_max) if p is not None else 0)
+    meta = torch.empty(o_ws + _ws_words(n, E), dtype=torch.int32, device=dev)
+    row_map = meta[:n].view(T, K)
+    tpe = meta[o_tpe:o_tpe + E]
+    out_p = meta[o_p:o_p + r_max].view(torch.float32) if p is not None else None
     wait = 1 if (num_out_rows < 0 or host_counts) else 0
     host_ptr, host_view = _HostCounts.take(dev) if host_counts else (0, None)
     R = _C.permute(x.data_ptr(), x.shape[1] * x.element_size(),
@@ -153,7 +171,7 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
                    idx.data_ptr(), idx.element_size(), T, K, E, pad, out.data_ptr(),
                    out_s.data_ptr() if out_s is not None else 0, row_map.data_ptr(), tpe.data_ptr(),
                    p.data_ptr() if p is not None else 0, out_p.data_ptr() if p is not None else 0,
-                   ws.data_ptr(), wait, host_ptr, int(variant) if variant else VARIANT_PERMUTE, _stream(dev))
+                   meta.data_ptr() + 4 * o_ws, wait, host_ptr, int(variant) if variant else VARIANT_PERMUTE, _stream(dev))
     if not wait:
         R = int(num_out_rows)
     if R != r_max:
