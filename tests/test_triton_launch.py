@@ -42,37 +42,73 @@ def gpu_like(monkeypatch):
 
 
 def test_second_call_launches_directly(gpu_like):
+    """The second launch of a key calls the cached launcher with Triton's argument order."""
     fn, a, b = FakeJit(), torch.zeros(64), torch.zeros(64, dtype=torch.int32)
     tl_.launch(fn, (3,), 4, a, b, 32, 8)
     assert len(fn.compiles) == 1
     tl_.launch(fn, (5, 2), 4, a, b, 48, 8)            # same key: 48 % 16 == 0 like 32
     assert len(fn.compiles) == 1
-    kernel = tl_._cache[(fn, tl_.key(fn, 4, (a, b, 48, 8)))]
-    assert kernel.runs == [(5, 2, 1, 1234, "fn", "meta", None, None, None, a, b, 48, 8)]
+    run, function, meta = tl_._cache[tl_.key(fn, 4, (a, b, 48, 8))]
+    assert (function, meta) == ("fn", "meta")
+    assert run.__self__.runs == [(5, 2, 1, 1234, "fn", "meta", None, None, None, a, b, 48, 8)]
 
 
-@pytest.mark.parametrize("change", ["int_not_div16", "int_one", "int_i64", "constexpr", "warps",
-                                    "dtype", "misaligned"])
-def test_a_different_specialisation_compiles_again(gpu_like, change):
-    fn, a, b = FakeJit(), torch.zeros(64), torch.zeros(64, dtype=torch.int32)
-    args, warps = [a, b, 32, 8], 4
-    tl_.launch(fn, (1,), warps, *args)
-    if change == "int_not_div16":
-        args[2] = 33
-    elif change == "int_one":
-        args[2] = 1
-    elif change == "int_i64":
-        args[2] = 1 << 40
-    elif change == "constexpr":
-        args[3] = 16
-    elif change == "warps":
-        warps = 8
-    elif change == "dtype":
-        args[1] = torch.zeros(64, dtype=torch.int64)
-    else:
-        args[0] = a[1:]                                # 4 bytes past a 16-byte boundary
-    tl_.launch(fn, (1,), warps, *args)
+CHANGES = {  # name: (argument index or "warps" / "device", value before, value after)
+    "int_not_div16": (2, 32, 33), "int_one": (2, 32, 1), "int_i64": (2, 32, 1 << 40),
+    "int_u64": (2, 1 << 62, 1 << 63),            # both divisible by 16: i64 -> u64
+    "constexpr": (3, 8, 16), "constexpr_type": (3, 8, 8.0),   # == 8, but Triton compiles again
+    "warps": ("warps", 4, 8), "device": ("device", 0, 1),
+    "dtype": (1, torch.zeros(64, dtype=torch.int32), torch.zeros(64, dtype=torch.int64)),
+    "misaligned": (0, torch.zeros(64), torch.zeros(64)[1:]),     # 4 bytes past a 16-byte boundary
+    "none": (1, torch.zeros(64, dtype=torch.int32), None),       # an absent pointer: a constexpr
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_different_specialisation_compiles_again(gpu_like, change, monkeypatch):
+    """Each launch is made twice: the second of each pair is direct, the change compiles again."""
+    fn = FakeJit()
+    where, before, after = CHANGES[change]
+    for value in (before, after):
+        args, warps, dev = [torch.zeros(64), torch.zeros(64, dtype=torch.int32), 32, 8], 4, 0
+        if where == "warps":
+            warps = value
+        elif where == "device":
+            dev = value
+        else:
+            args[where] = value
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: dev)
+        tl_.launch(fn, (1,), warps, *args)
+        tl_.launch(fn, (1,), warps, *args)
     assert len(fn.compiles) == 2
+
+
+def _values():
+    """Arguments around every specialisation boundary Triton has (ints, tensors, None, bools, floats)."""
+    t = torch.zeros(16)
+    ints = [0, 1, 2, 15, 16, 17, -1, -16, 48, (1 << 31) - 16, (1 << 31) - 1, 1 << 31, -(1 << 31),
+            -(1 << 31) - 1, -(1 << 31) - 16, (1 << 63) - 16, 1 << 63, (1 << 63) + 16, -(1 << 63)]
+    tensors = [t, t[1:], t[4:], torch.zeros(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)[1:],
+               torch.zeros(8, dtype=torch.bfloat16), torch.zeros(8, dtype=torch.uint8)[3:],
+               torch.nn.Parameter(torch.zeros(4))]
+    return ints + tensors + [None, True, False, 1.0, 2.5]
+
+
+def test_spec_agrees_with_triton():
+    """Two arguments share a ``_spec`` exactly when Triton's own specialisation of them agrees
+    (native_specialize_impl, what JITFunction.run's binder calls), so the cache can neither reuse
+    a kernel Triton would recompile nor miss one it would reuse."""
+    try:
+        from triton._C.libtriton import native_specialize_impl
+        from triton.backends.compiler import BaseBackend
+    except ImportError:  # pragma: no cover - older Triton: no native specialisation to compare with
+        pytest.skip("no triton native_specialize_impl")
+    vals = _values()
+    ours = [tl_._spec(v) for v in vals]
+    theirs = [native_specialize_impl(BaseBackend, v, False, True, True) for v in vals]
+    for i in range(len(vals)):
+        for j in range(len(vals)):
+            assert (ours[i] == ours[j]) == (theirs[i] == theirs[j]), (vals[i], vals[j], theirs[i], theirs[j])
 
 
 def test_unknown_argument_kinds_and_hooks_take_the_ordinary_path(gpu_like, monkeypatch):

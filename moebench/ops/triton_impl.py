@@ -62,45 +62,59 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 # ---------------------------------------------------------------- host side
 def _words(t: Tensor) -> Tensor:
-    """View a contiguous [N, C] tensor as [N, W] raw words (int32 when the row allows)."""
-    b = t.contiguous().view(torch.uint8)
-    for dt, size in ((torch.int32, 4), (torch.int16, 2)):
-        if b.shape[1] % size == 0:
-            return b.view(dt)
-    return b
+    """A [N, C] tensor's contiguous rows as raw words, [N, W], in one view: int32 when a row is a
+    multiple of 4 bytes (a tensor of 4-byte elements as it is), else int16 or uint8."""
+    t = t.contiguous()
+    es = t.element_size()
+    if es == 4:
+        return t
+    n = t.shape[1] * es
+    return t.view(torch.int32 if n % 4 == 0 else torch.int16 if n % 2 == 0 else torch.uint8)
 
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def _slot_block(n_slots: int) -> int:
-    return min(4096, max(256, _pow2(-(-n_slots // 128))))
+class _Layout(NamedTuple):
+    """The index kernels' blocks and the workspace offsets for n slots and E experts (the layout
+    is described in triton_kernels.py)."""
+    SB: int             # slots per rank block
+    NB: int             # rank blocks
+    B0: int             # block counts / bases at ws[B0:]
+    S0: int             # expert starts, counts, row count, arrival counter at ws[S0:]
+    size: int           # workspace words
+    EP: int             # the histogram's power-of-2 width (E + 1 buckets: masked slots too)
+    rank_grid: tuple
+    scan_grid: tuple
 
 
-def route(topk_idx_TK: Tensor, num_experts: int, pad_multiple: int, host=None):
-    """Launch index kernels. Returns (lrank, base [NB*E], tpe, estart, ecount, total, SB).
+_EB = 64   # experts per scan program (one program for all took 16.4 us at E 256 on the H200,
+           # 10% of the permute at T 4096)
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(n: int, E: int) -> _Layout:
+    SB = min(4096, max(256, _pow2(-(-n // 128))))
+    NB = -(-n // SB)
+    B0 = -(-n // 4) * 4             # the scan's array starts 16-byte aligned
+    S0 = B0 + NB * E
+    return _Layout(SB, NB, B0, S0, S0 + 2 * E + 2, _pow2(E + 1), (NB,), (-(-E // _EB),))
+
+
+def route(idx: Tensor, num_experts: int, pad_multiple: int, host=None):
+    """Launch the index kernels over idx (contiguous [T, K]). Returns (ws, tpe, layout): the int32
+    workspace, tokens per expert (own storage: it is returned) and the offsets into ws.
     host: (pinned int32 tensor, slot) that also receives the row count."""
-    n = topk_idx_TK.numel()
     E = num_experts
-    dev = topk_idx_TK.device
-    SB = _slot_block(n)
-    NB = -(-n // SB)  # triton.cdiv costs microseconds of host time per call
-    n4 = -(-n // 4) * 4          # base, the scan's array, starts 16-byte aligned
-    ws = torch.empty(n4 + NB * E + 2 * E + 2, dtype=torch.int32, device=dev)   # one allocation
-    tpe = torch.empty(E, dtype=torch.int32, device=dev)  # own storage: it is returned
-    lrank, base = ws[:n], ws[n4: n4 + NB * E]
-    o = n4 + NB * E
-    estart, ecount = ws[o: o + E], ws[o + E: o + 2 * E]
-    total, done = ws[-2:-1], ws[-1:]
-    launch(_route_rank, (NB,), 4, topk_idx_TK, n, E, lrank, base, done, SB, _pow2(E + 1))
-    # one program per 64 experts (a single program for all experts took 16.4 us at E 256 on the
-    # H200, 10% of the permute at T 4096)
-    host_t, slot = host if host is not None else (total, 0)
-    EB = 64
-    launch(_route_scan, (-(-E // EB),), 4, base, NB, E, pad_multiple, tpe, estart, ecount, total, done,
-           host_t, slot, 64, EB, host is not None)
-    return lrank, base, tpe, estart, ecount, total, SB
+    lay = _layout(idx.numel(), E)
+    ws = torch.empty(lay.size, dtype=torch.int32, device=idx.device)     # one allocation
+    tpe = torch.empty(E, dtype=torch.int32, device=idx.device)
+    launch(_route_rank, lay.rank_grid, 4, idx, idx.numel(), E, ws, lay.B0, lay.S0, lay.SB, lay.EP)
+    host_t, slot = host if host is not None else (None, 0)
+    launch(_route_scan, lay.scan_grid, 4, ws, lay.B0, lay.S0, lay.NB, E, pad_multiple, tpe, host_t,
+           slot, 64, _EB, host is not None)
+    return ws, tpe, lay
 
 
 _TMA_DEVICES: dict = {}
@@ -133,7 +147,7 @@ def _tma_desc(ow: Tensor, r_max: int, W: int, copy_bh: int):
     threads) and no per-program descriptor build on the device. Host cost: one
     ``TensorDescriptor`` (about 1 us of Python) here, plus one cuTensorMapEncodeTiled in Triton's
     launcher."""
-    if TensorDescriptor is None or ow.dtype != torch.int32 or W <= 0 or W % 4 or ow.data_ptr() % 16:
+    if TensorDescriptor is None or ow.element_size() != 4 or W <= 0 or W % 4 or ow.data_ptr() % 16:
         return None
     if W % 256 == 0:
         BW, NC, BB = 256, W // 256, 256
@@ -164,71 +178,77 @@ class _HostRing:
         return ring, slot
 
 
+@functools.lru_cache(maxsize=256)
+def _copy_plan(K: int, W: int, WS: int, k: Knobs):
+    """(KP, BH, BS): the copy's slot lanes, words per chunk, scale lanes."""
+    return _pow2(K), min(k.copy_bh, _pow2(W)), _pow2(max(WS, 16))
+
+
 def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tensor | None,
-            pad_multiple: int, num_out_rows: int = -1, variant: str = ""):
+            pad_multiple: int, num_out_rows: int = -1, variant: str = "", probs_TK: Tensor | None = None):
+    """Returns (out_RH, out_scales_RS or None, row_map_TK, tokens_per_expert, probs_R or None);
+    probs_R (fp32 [R]) holds probs_TK[t, k] at row row_map[t, k] and 0 on padding rows, written by
+    the copy kernel (and ``_zero_pad``), no launch of its own. Host path per call: the index
+    kernels, the copy and (padding only) ``_zero_pad``, launched through ``launch``; one view per
+    payload tensor; shape-only work cached (``_layout``, ``_copy_plan``)."""
     T, K = topk_idx_TK.shape
     H = x_TH.shape[1]
     E = int(num_experts)
     dev = x_TH.device
-    idx = topk_idx_TK.contiguous()
+    has_s, has_p = scales_TS is not None, probs_TK is not None
     r_max = T * K + (E * (pad_multiple - 1) if pad_multiple > 0 else 0)
     out = torch.empty((r_max, H), dtype=x_TH.dtype, device=dev)
-    out_s = None
-    if scales_TS is not None:
-        out_s = torch.empty((r_max, scales_TS.shape[1]), dtype=scales_TS.dtype, device=dev)
+    out_s = torch.empty((r_max, scales_TS.shape[1]), dtype=scales_TS.dtype, device=dev) if has_s else None
+    out_p = torch.empty(r_max, dtype=torch.float32, device=dev) if has_p else None
     row_map = torch.empty((T, K), dtype=torch.int32, device=dev)
     if T * K == 0 or E == 0:
         row_map.fill_(-1)
-        tpe = torch.zeros(E, dtype=torch.int32, device=dev)
-        return out[:0], (out_s[:0] if out_s is not None else None), row_map, tpe
+        return (out[:0], out_s[:0] if has_s else None, row_map, torch.zeros(E, dtype=torch.int32, device=dev),
+                out_p[:0] if has_p else None)
+    idx = topk_idx_TK.contiguous()
     ring = None
     if num_out_rows < 0 and dev.type == "cuda":
         ring, slot = _HostRing.take(dev)
-    lrank, base, tpe, estart, ecount, total, SB = route(idx, E, pad_multiple,
-                                                        (ring["host"], slot) if ring else None)
+    ws, tpe, lay = route(idx, E, pad_multiple, (ring["host"], slot) if ring else None)
     if ring:
         ring["events"][slot].record()
     xw, ow = _words(x_TH), _words(out)
     W = xw.shape[1]
-    has_s = scales_TS is not None
-    sw = _words(scales_TS) if has_s else xw
-    osw = _words(out_s) if has_s else ow
+    sw, osw = (_words(scales_TS), _words(out_s)) if has_s else (None, None)
     WS = sw.shape[1] if has_s else 0
-    BS = _pow2(max(WS, 16))
+    pk = probs_TK.contiguous() if has_p else None
     k = knobs(variant)
-    BH = min(k.copy_bh, _pow2(W))
+    KP, BH, BS = _copy_plan(K, W, WS, k)
     tma = _tma_desc(ow, r_max, W, k.copy_bh) if k.copy_tma and _tma_device(dev) else None
     if tma is not None:
         desc, NC, BW, NB, BB = tma
-        _permute_copy_tma[(T,)](xw, sw, desc, osw, idx, lrank, base, estart, row_map, W, WS, E, SB,
-                                NC, BW, K=K, KP=_pow2(K), NB=NB, BB=BB, HAS_S=has_s, BS=BS,
-                                num_warps=k.copy_warps)
+        _permute_copy_tma[(T,)](xw, sw, pk, desc, osw, out_p, idx, ws, row_map, lay.B0, lay.S0, W, WS,
+                                E, lay.SB, NC, BW, K=K, KP=KP, NB=NB, BB=BB, HAS_S=has_s,
+                                HAS_P=has_p, BS=BS, num_warps=k.copy_warps)
     else:
-        launch(_permute_copy, (T,), k.copy_warps, xw, sw, ow, osw, idx, lrank, base, estart, row_map,
-               W, WS, E, SB, K, _pow2(K), BH, has_s, BS, k.copy_cs)
+        launch(_permute_copy, (T,), k.copy_warps, xw, sw, pk, ow, osw, out_p, idx, ws, row_map,
+               lay.B0, lay.S0, W, WS, E, lay.SB, K, KP, BH, has_s, has_p, BS, k.copy_cs)
     if pad_multiple > 1:
-        launch(_zero_pad, (E,), 4, ow, osw, estart, ecount, tpe, W, WS, BH, has_s, BS)
+        launch(_zero_pad, (E,), 4, ow, osw, out_p, ws, lay.S0, tpe, W, WS, E, BH, has_s, has_p, BS)
     if ring:
         ring["events"][slot].synchronize()
         R = int(ring["view"][slot])
     else:
-        R = int(num_out_rows) if num_out_rows >= 0 else int(total.item())
-    return out[:R], (out_s[:R] if has_s else None), row_map, tpe
+        R = int(num_out_rows) if num_out_rows >= 0 else int(ws[lay.S0 + 2 * E])
+    return out[:R], (out_s[:R] if has_s else None), row_map, tpe, (out_p[:R] if has_p else None)
 
 
 def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor, variant: str = "") -> Tensor:
     T, K = row_map_TK.shape
     H = y_RH.shape[1]
-    y = y_RH.contiguous()
-    out = torch.empty((T, H), dtype=y.dtype, device=y.device)
+    out = torch.empty((T, H), dtype=y_RH.dtype, device=y_RH.device)
     if T == 0 or H == 0:
         return out
-    if y.shape[0] == 0:
+    if y_RH.shape[0] == 0:
         return out.zero_()
     k = knobs(variant)
-    BH = min(k.unperm_bh, _pow2(H))
-    launch(_unpermute, (T,), k.unperm_warps, y, row_map_TK.contiguous(), topk_w_TK.contiguous(), out,
-           H, K, _pow2(K), BH)
+    launch(_unpermute, (T,), k.unperm_warps, y_RH.contiguous(), row_map_TK.contiguous(),
+           topk_w_TK.contiguous(), out, H, K, _pow2(K), min(k.unperm_bh, _pow2(H)))
     return out
 
 

@@ -9,12 +9,21 @@ Permute runs in three launches, no host sync before the copy:
    ``pad_multiple``), tokens per expert, and the row count (also stored to a pinned host slot,
    so the host waits on one event, not a copy).
 3. ``_permute_copy``: one program per token reads its row once and stores it to its K rows
-   (row = expert start + block base + rank), writing row_map on the way; fp8 scales ride along.
+   (row = expert start + block base + rank), writing row_map on the way; fp8 scales and the
+   routing probabilities (HAS_P: probs[t, k] to row ``row_map[t, k]``, fp32) ride along.
    ``_permute_copy_tma`` does the same with each row write as a TMA bulk store through a host
    tensor descriptor (Hopper+, rows a multiple of 16 bytes; knob COPY_TMA), else
-   ``_permute_copy`` runs.
-Payload rows are copied as raw words (int32 when the row is a multiple of 4 bytes), so bf16 and
-fp8 share one kernel.
+   ``_permute_copy`` runs. With padding, ``_zero_pad`` then zeroes the padding rows (payload,
+   scales, probs).
+Payload rows are copied as raw words (int32 when the row is a multiple of 4 bytes; tensors of
+4-byte elements, e.g. fp32 scales, as they are), so bf16 and fp8 share one kernel.
+
+The index arrays live in one int32 workspace ``ws`` (one allocation, one pointer argument: each
+tensor argument costs the launcher a driver query), at offsets the host passes as ints:
+``ws[0:n]`` the slots' ranks, ``ws[B0:B0 + NB*E]`` the per-block counts, then bases,
+``ws[S0:S0 + E]`` the expert starts, ``ws[S0 + E:S0 + 2E]`` the expert counts,
+``ws[S0 + 2E]`` the row count and ``ws[S0 + 2E + 1]`` the scan's arrival counter.
+Absent scales / probs are passed as None (Triton makes them constexpr), not as a dummy tensor.
 """
 from __future__ import annotations
 
@@ -47,11 +56,12 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 
 @triton.jit
-def _route_rank(idx_ptr, n_slots, E, lrank_ptr, counts_ptr, done_ptr, SB: tl.constexpr,
-                EP: tl.constexpr):
+def _route_rank(idx_ptr, n_slots, E, ws_ptr, B0, S0, SB: tl.constexpr, EP: tl.constexpr):
+    lrank_ptr = ws_ptr
+    counts_ptr = ws_ptr + B0
     b = tl.program_id(0)
     if b == 0:
-        tl.store(done_ptr, 0)  # _route_scan's arrival counter
+        tl.store(ws_ptr + S0 + 2 * E + 1, 0)  # _route_scan's arrival counter
     i = tl.arange(0, SB)
     s = b * SB + i
     e = tl.load(idx_ptr + s, mask=s < n_slots, other=-1).to(tl.int32)
@@ -68,12 +78,17 @@ def _route_rank(idx_ptr, n_slots, E, lrank_ptr, counts_ptr, done_ptr, SB: tl.con
 
 
 @triton.jit
-def _route_scan(counts_ptr, NB, E, pad, tpe_ptr, estart_ptr, ecount_ptr, total_ptr, done_ptr,
-                host_ptr, slot, BB: tl.constexpr, EB: tl.constexpr, HOST: tl.constexpr):
+def _route_scan(ws_ptr, B0, S0, NB, E, pad, tpe_ptr, host_ptr, slot, BB: tl.constexpr,
+                EB: tl.constexpr, HOST: tl.constexpr):
     """Program p takes experts [p*EB, (p+1)*EB): counts [NB, E] -> in place, each block's first
     row per expert relative to the expert's start; ecount = totals. The last program to arrive
     scans the padded totals: expert starts, tokens per expert and the row count (HOST: also to
     host_ptr[slot], pinned host memory the GPU writes directly)."""
+    counts_ptr = ws_ptr + B0
+    estart_ptr = ws_ptr + S0
+    ecount_ptr = estart_ptr + E
+    total_ptr = estart_ptr + 2 * E
+    done_ptr = total_ptr + 1
     eo = tl.program_id(0) * EB + tl.arange(0, EB)
     me = eo < E
     run = tl.zeros([EB], tl.int32)
@@ -104,10 +119,12 @@ def _route_scan(counts_ptr, NB, E, pad, tpe_ptr, estart_ptr, ecount_ptr, total_p
 
 
 @triton.jit
-def _slot_rows(idx_ptr, lrank_ptr, base_ptr, estart_ptr, row_map_ptr, t, E, SB, K: tl.constexpr,
-               KP: tl.constexpr):
+def _slot_rows(idx_ptr, ws_ptr, B0, S0, row_map_ptr, t, E, SB, K: tl.constexpr, KP: tl.constexpr):
     """Token t's K output rows (expert start + block base + rank; -1 for skipped slots), also
     written to row_map. Padded to KP lanes (-1 past K)."""
+    lrank_ptr = ws_ptr
+    base_ptr = ws_ptr + B0
+    estart_ptr = ws_ptr + S0
     ks = tl.arange(0, KP)
     mk = ks < K
     s = t * K + ks
@@ -134,12 +151,22 @@ def _copy_scales(s_ptr, outs_ptr, t, row, WS, KP: tl.constexpr, BS: tl.constexpr
 
 
 @triton.jit
-def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr, estart_ptr,
-                  row_map_ptr, W, WS, E, SB, K: tl.constexpr, KP: tl.constexpr, BH: tl.constexpr,
-                  HAS_S: tl.constexpr, BS: tl.constexpr, CS: tl.constexpr):
+def _copy_probs(p_ptr, outp_ptr, t, row, K: tl.constexpr, KP: tl.constexpr):
+    """Token t's K probabilities to its rows (row >= 0), as fp32."""
+    ok = row >= 0
+    p = tl.load(p_ptr + t * K + tl.arange(0, KP), mask=ok)
+    tl.store(outp_ptr + tl.where(ok, row, 0).to(tl.int64), p.to(tl.float32), mask=ok)
+
+
+@triton.jit
+def _permute_copy(x_ptr, s_ptr, p_ptr, out_ptr, outs_ptr, outp_ptr, idx_ptr, ws_ptr, row_map_ptr,
+                  B0, S0, W, WS, E, SB, K: tl.constexpr, KP: tl.constexpr, BH: tl.constexpr,
+                  HAS_S: tl.constexpr, HAS_P: tl.constexpr, BS: tl.constexpr, CS: tl.constexpr):
     """CS: streaming access (the row is read once: evict-first load; ".cs" stores)."""
     t = tl.program_id(0).to(tl.int64)
-    row = _slot_rows(idx_ptr, lrank_ptr, base_ptr, estart_ptr, row_map_ptr, t, E, SB, K, KP)
+    row = _slot_rows(idx_ptr, ws_ptr, B0, S0, row_map_ptr, t, E, SB, K, KP)
+    if HAS_P:
+        _copy_probs(p_ptr, outp_ptr, t, row, K, KP)
     ok = row >= 0
     row64 = row.to(tl.int64)
     for h0 in range(0, W, BH):
@@ -158,9 +185,10 @@ def _permute_copy(x_ptr, s_ptr, out_ptr, outs_ptr, idx_ptr, lrank_ptr, base_ptr,
 
 
 @triton.jit
-def _permute_copy_tma(x_ptr, s_ptr, out_desc, outs_ptr, idx_ptr, lrank_ptr, base_ptr, estart_ptr,
-                      row_map_ptr, W, WS, E, SB, NC, BW, K: tl.constexpr, KP: tl.constexpr,
-                      NB: tl.constexpr, BB: tl.constexpr, HAS_S: tl.constexpr, BS: tl.constexpr):
+def _permute_copy_tma(x_ptr, s_ptr, p_ptr, out_desc, outs_ptr, outp_ptr, idx_ptr, ws_ptr, row_map_ptr,
+                      B0, S0, W, WS, E, SB, NC, BW, K: tl.constexpr, KP: tl.constexpr,
+                      NB: tl.constexpr, BB: tl.constexpr, HAS_S: tl.constexpr, HAS_P: tl.constexpr,
+                      BS: tl.constexpr):
     """``_permute_copy`` with the K row writes as TMA bulk stores (Hopper+).
 
     ``out_desc``: host-side descriptor over the output words viewed as [R, NC, BW] (strides
@@ -170,7 +198,9 @@ def _permute_copy_tma(x_ptr, s_ptr, out_desc, outs_ptr, idx_ptr, lrank_ptr, base
     skipped by a scalar branch (their row is -1, which TMA would also clip, but nothing relies on
     that)."""
     t = tl.program_id(0).to(tl.int64)
-    row = _slot_rows(idx_ptr, lrank_ptr, base_ptr, estart_ptr, row_map_ptr, t, E, SB, K, KP)
+    row = _slot_rows(idx_ptr, ws_ptr, B0, S0, row_map_ptr, t, E, SB, K, KP)
+    if HAS_P:
+        _copy_probs(p_ptr, outp_ptr, t, row, K, KP)
     ks = tl.arange(0, KP)
     ci0 = tl.arange(0, NB)
     wi0 = tl.arange(0, BB)
@@ -190,11 +220,13 @@ def _permute_copy_tma(x_ptr, s_ptr, out_desc, outs_ptr, idx_ptr, lrank_ptr, base
 
 
 @triton.jit
-def _zero_pad(out_ptr, outs_ptr, estart_ptr, ecount_ptr, tpe_ptr, W, WS, BH: tl.constexpr,
-              HAS_S: tl.constexpr, BS: tl.constexpr):
+def _zero_pad(out_ptr, outs_ptr, outp_ptr, ws_ptr, S0, tpe_ptr, W, WS, E, BH: tl.constexpr,
+              HAS_S: tl.constexpr, HAS_P: tl.constexpr, BS: tl.constexpr):
+    """Program e zeroes expert e's padding rows (after its ecount rows, up to its padded count)."""
     e = tl.program_id(0)
-    r0 = (tl.load(estart_ptr + e) + tl.load(ecount_ptr + e)).to(tl.int64)
-    n_pad = tl.load(tpe_ptr + e) - tl.load(ecount_ptr + e)
+    count = tl.load(ws_ptr + S0 + E + e)
+    r0 = (tl.load(ws_ptr + S0 + e) + count).to(tl.int64)
+    n_pad = tl.load(tpe_ptr + e) - count
     for i in range(0, n_pad):
         r = r0 + i
         for h0 in range(0, W, BH):
@@ -205,6 +237,8 @@ def _zero_pad(out_ptr, outs_ptr, estart_ptr, ecount_ptr, tpe_ptr, W, WS, BH: tl.
             hs = tl.arange(0, BS)
             tl.store(outs_ptr + r * WS + hs, tl.zeros([BS], outs_ptr.dtype.element_ty),
                      mask=hs < WS)
+        if HAS_P:
+            tl.store(outp_ptr + r, 0.0)
 
 
 @triton.jit

@@ -13,14 +13,18 @@ too, in the kernel's order). The first call for a specialisation key goes throug
 call its launcher directly, as ``JITFunction.run`` does at its end. (Passing tensors as their
 addresses instead, which skips the launcher's per-pointer driver query, measured no better on the
 H200: host_us 314 vs 174 in two runs, bench/results/permute16-h200-run2.jsonl; reverted.) The key holds what Triton
-specialises on (tensor dtype and 16-byte alignment; int divisibility by 16, == 1 and the i32/i64
-range; constexpr values; num_warps), so a cached kernel is only reused where Triton would pick the
-same one. Anything else (the interpreter, launch hooks such as a profiler's, an argument of
+specialises on (tensor dtype and 16-byte alignment; int divisibility by 16, == 1 and the
+i32/i64/u64 range; None; constexpr values and their types; num_warps; the device), so a cached
+kernel is only reused where Triton would pick the same one (tests/test_triton_launch.py checks
+``_spec`` against Triton's own specialisation). It is built with C-level loops (``compress``,
+``map``) because it runs on every launch; the launcher, function handle and metadata are cached
+with it. Anything else (the interpreter, launch hooks such as a profiler's, an argument of
 another kind, e.g. a TMA descriptor) takes the ordinary path.
 """
 from __future__ import annotations
 
 import os
+from itertools import compress
 
 import torch
 
@@ -32,8 +36,9 @@ except ImportError:  # pragma: no cover - Triton < 3.4 keeps its launch hooks el
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # MOEBENCH_TRITON_DIRECT=0: every launch through fn[grid](...) (the A/B of this module's saving)
 _DIRECT = os.environ.get("MOEBENCH_TRITON_DIRECT", "1") != "0"
-_cache: dict = {}          # (fn, key) -> CompiledKernel
-_constexpr: dict = {}      # fn -> tuple of bools, one per parameter
+_cache: dict = {}          # key -> (launcher, function handle, packed metadata) of a CompiledKernel
+_params: dict = {}         # fn -> (number of parameters, constexpr mask, non-constexpr mask)
+_I32_MIN, _I32_MAX, _U64_MIN = -(1 << 31), (1 << 31) - 1, 1 << 63
 
 
 def _hooks_set() -> bool:
@@ -43,29 +48,34 @@ def _hooks_set() -> bool:
     return rt.launch_enter_hook is not None or rt.launch_exit_hook is not None
 
 
-def _spec(a, is_constexpr: bool):
-    """What Triton specialises one argument on; None when this launcher does not handle it."""
-    if is_constexpr:
-        return ("c", a)
+def _spec(a):
+    """What Triton specialises a non-constexpr argument on (as its native_specialize_impl does:
+    tensor dtype and 16-byte alignment; int divisibility by 16, == 1, i32 / i64 / u64 range; None
+    is a constexpr). TypeError for other kinds, which this launcher leaves to Triton."""
+    t = type(a)
+    if t is int:
+        return (a & 15 == 0, a == 1, _I32_MIN <= a <= _I32_MAX, a >= _U64_MIN)
+    if t is torch.Tensor:
+        return (a.dtype, a.data_ptr() & 15 == 0)
+    if a is None or t is bool or t is float:
+        return t
     if isinstance(a, torch.Tensor):
         return (a.dtype, a.data_ptr() & 15 == 0)
-    if isinstance(a, bool):
-        return ("b", a)
-    if isinstance(a, int):
-        return (a & 15 == 0, a == 1, -0x80000000 <= a <= 0x7FFFFFFF)
-    if isinstance(a, float):
-        return ("f",)
-    return None
+    raise TypeError(f"no launch key for a {t.__name__}")
 
 
-def key(fn, num_warps: int, args, device: int = 0) -> tuple | None:
-    flags = _constexpr.get(fn)
-    if flags is None:
-        flags = _constexpr[fn] = tuple(p.is_constexpr for p in fn.params)
-    if len(flags) != len(args):
-        raise TypeError(f"{fn.__name__}: {len(args)} arguments for {len(flags)} parameters")
-    spec = tuple(_spec(a, c) for a, c in zip(args, flags))
-    return None if None in spec else (device, num_warps) + spec
+def key(fn, num_warps: int, args, device: int = 0) -> tuple:
+    """The specialisation key of fn(*args): fn, device, num_warps, the constexpr values and their
+    types (Triton tells 1 from True and 1.0), then ``_spec`` of each other argument."""
+    info = _params.get(fn)
+    if info is None:
+        flags = [p.is_constexpr for p in fn.params]
+        info = _params[fn] = (len(flags), flags, [not c for c in flags])
+    n, const, other = info
+    if len(args) != n:
+        raise TypeError(f"{fn.__name__}: {len(args)} arguments for {n} parameters")
+    return (fn, device, num_warps, *compress(args, const), *map(type, compress(args, const)),
+            *map(_spec, compress(args, other)))
 
 
 def launch(fn, grid: tuple, num_warps: int, *args) -> None:
@@ -74,15 +84,20 @@ def launch(fn, grid: tuple, num_warps: int, *args) -> None:
         fn[grid](*args, num_warps=num_warps)
         return
     dev = torch.cuda.current_device()     # Triton launches on the current device, so do we
-    k = key(fn, num_warps, args, dev)
-    kernel = _cache.get((fn, k)) if k is not None else None
-    if kernel is None or _hooks_set():
+    try:
+        k = key(fn, num_warps, args, dev)
+    except TypeError:                     # an argument of another kind: Triton's own path
+        k = None
+    entry = _cache.get(k) if k is not None else None
+    if entry is None or _hooks_set():
         kernel = fn[grid](*args, num_warps=num_warps)
         if hasattr(kernel, "result"):     # an asynchronous compile's future
             kernel = kernel.result()
         if k is not None and kernel is not None:
-            _cache[(fn, k)] = kernel
+            run = kernel.run              # a property: loads the module if it is not yet
+            _cache[k] = (run, kernel.function, kernel.packed_metadata)
         return
-    stream = torch._C._cuda_getCurrentRawStream(dev)
-    kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-               kernel.function, kernel.packed_metadata, None, None, None, *args)
+    run, function, metadata = entry
+    n = len(grid)
+    run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1,
+        torch._C._cuda_getCurrentRawStream(dev), function, metadata, None, None, None, *args)
