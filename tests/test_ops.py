@@ -222,39 +222,6 @@ def test_triton_tma_matches_reference(case, monkeypatch):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="runs in the subprocess of test_triton_interpreter")
-@pytest.mark.parametrize("H", [1536, 1000])
-def test_triton_tma_writes_only_its_rows(H):
-    """Kernel level: into an output prefilled with a sentinel, _permute_copy_tma writes each valid
-    slot's row and nothing else (no clipped box spills into the next row; masked slots, padding
-    rows and rows past the count keep the sentinel)."""
-    from moebench.ops import triton_impl as ti
-    T, K, E, pad = 10, 3, 7, 4
-    x = payload(T, H)
-    idx = make_routing(T, K, E, mask_frac=0.3, seed=H).contiguous()   # the kernels take it so
-    idx[3] = -1
-    lrank, base, _, estart, *_, SB = ti.route(idx, E, pad)
-    r_max = T * K + E * (pad - 1)
-    out = torch.full((r_max, H), -7, dtype=torch.int16).view(torch.bfloat16)
-    row_map = torch.empty((T, K), dtype=torch.int32)
-    xw, ow = ti._words(x), ti._words(out)
-    W = xw.shape[1]
-    desc, NC, BW, NB, BB = ti._tma_desc(ow, r_max, W, 1024)
-    ti._permute_copy_tma[(T,)](xw, xw, desc, ow, idx, lrank, base, estart, row_map, W, 0, E, SB,
-                               NC, BW, K=K, KP=4, NB=NB, BB=BB, HAS_S=False, BS=16)
-    want = ops.permute(x, idx, E, pad_multiple=pad, impl="torch")
-    assert torch.equal(row_map, want.row_map_TK)
-    valid = row_map >= 0
-    rows = row_map[valid].long()
-    tok = torch.arange(T)[:, None].expand(T, K)[valid]
-    got = out.view(torch.int16)
-    assert torch.equal(got[rows], x.view(torch.int16)[tok])
-    untouched = torch.ones(r_max, dtype=torch.bool)
-    untouched[rows] = False
-    assert untouched.sum() > E                                   # padding gaps and the tail exist
-    assert bool((got[untouched] == -7).all())
-
-
-@pytest.mark.skipif(not INTERPRET, reason="runs in the subprocess of test_triton_interpreter")
 def test_triton_tma_fallback_selection(monkeypatch):
     """Rows that are not a multiple of 16 bytes, and copy_tma 0, take the plain copy kernel."""
     ti, spies = _spy_copies(monkeypatch)

@@ -155,5 +155,17 @@ def test_triton_direct_launch_is_used_and_exact():
         want = ops.permute(x, idx, E, impl="torch")
         for n in (None, None, want.x_RH.shape[0]):
             check_permute(ops.permute(x, idx, E, impl="triton", num_out_rows=n), want)
-    names = {fn.__name__ for fn, _ in triton_launch._cache}
+    names = {k[0].__name__ for k in triton_launch._cache}
     assert {"_route_rank", "_route_scan", "_permute_copy"} <= names
+    # and launched directly: once compiled, no call goes through JITFunction.run (Triton's slow path)
+    from triton.runtime.jit import JITFunction
+    slow = []
+    orig = JITFunction.run
+    JITFunction.run = lambda self, *a, **k: (slow.append(self.__name__), orig(self, *a, **k))[1]
+    try:
+        check_permute(ops.permute(x, idx, E, impl="triton"), want)
+        ops.unpermute(want.x_RH, want.row_map_TK, torch.rand(T, K, device="cuda"), impl="triton")
+        ops.unpermute(want.x_RH, want.row_map_TK, torch.rand(T, K, device="cuda"), impl="triton")
+    finally:
+        JITFunction.run = orig
+    assert slow.count("_permute_copy") == 0 and slow.count("_unpermute") <= 1, slow

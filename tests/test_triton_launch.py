@@ -122,3 +122,21 @@ def test_unknown_argument_kinds_and_hooks_take_the_ordinary_path(gpu_like, monke
     assert len(fn.compiles) == 4
     with pytest.raises(TypeError, match="4 parameters"):
         tl_.key(fn, 4, (a, a, 32))
+
+
+def test_hooks_set_reads_an_empty_hook_chain_as_no_hook(monkeypatch):
+    """Triton >= 3.5 holds launch hooks in a HookChain that is never None; an empty one is no hook
+    (reading it as set sent every launch down Triton's slow path), one with a call is."""
+    knobs = pytest.importorskip("triton.knobs")
+    rt = knobs.runtime
+    if not hasattr(knobs, "HookChain"):
+        pytest.skip("this Triton keeps hooks as plain callables")
+    monkeypatch.setattr(rt, "launch_enter_hook", knobs.HookChain())
+    monkeypatch.setattr(rt, "launch_exit_hook", knobs.HookChain())
+    assert not tl_._hooks_set()
+    chain = knobs.HookChain()
+    chain.add(lambda *a: None)
+    monkeypatch.setattr(rt, "launch_enter_hook", chain)
+    assert tl_._hooks_set()
+    monkeypatch.setattr(rt, "launch_enter_hook", lambda *a: None)     # an older Triton's plain hook
+    assert tl_._hooks_set()

@@ -41,11 +41,16 @@ _params: dict = {}         # fn -> (number of parameters, constexpr mask, non-co
 _I32_MIN, _I32_MAX, _U64_MIN = -(1 << 31), (1 << 31) - 1, 1 << 63
 
 
+def _hook_active(h) -> bool:
+    """Triton >= 3.5 keeps launch hooks in a HookChain that is never None: active when it holds a call."""
+    return h is not None and bool(getattr(h, "calls", True))
+
+
 def _hooks_set() -> bool:
     if _knobs is None:  # pragma: no cover
         return True
     rt = _knobs.runtime
-    return rt.launch_enter_hook is not None or rt.launch_exit_hook is not None
+    return _hook_active(rt.launch_enter_hook) or _hook_active(rt.launch_exit_hook)
 
 
 def _spec(a):
