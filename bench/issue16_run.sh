@@ -6,7 +6,8 @@
 # Steps: selftest (nvcc build + run of csrc/tests/permute_selftest.cu), tests (GPU tier of the ops
 # and the timer), ab (dispatch --ep 1 alltoall + mcore-alltoall, old and new interleaved twice),
 # host (bench/alltoall_host.py with --ops-impl auto and cuda), permute (moebench.permute, CUDA vs
-# Triton, two processes in opposite order), gpu (the whole `pytest -m gpu tests`).
+# Triton, two processes in opposite order), variants (Triton copy variants with the kernel profile),
+# ab-new (the new snapshot alone, twice), gpu (the whole `pytest -m gpu tests`).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; exec > >(tee -a "$OUT/issue16-h200.txt") 2>&1
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -44,6 +45,17 @@ permute)
     in_tree new timeout 200 python3 -m moebench.permute --shapes 4096x7168x8x256,16384x7168x8x256 \
       --ops permute,permute_wait --ops-impl $order --iters 40 --out "$OUT/permute-issue16-h200.jsonl" 2>&1 \
       | grep -vi warn
+  done ;;
+variants)
+  step "permute variants (kernel profile)"
+  in_tree new timeout 200 python3 -m moebench.permute --shapes 4096x7168x8x256 --ops permute,permute_wait \
+    --ops-impl cuda,triton,triton@2048:8,triton@1024:8,triton@4096:8 --iters 40 --profile \
+    --out "$OUT/permute-issue16-variants-h200.jsonl" 2>&1 | grep -vi warn ;;
+ab-new)
+  for i in 1 2; do
+    step "ab new run $i"
+    in_tree new timeout 150 python3 -m moebench.dispatch --ep 1 --device cuda --backend alltoall,mcore-alltoall \
+      --out "$OUT/ep1-issue16-final-h200.jsonl" 2>&1 | grep -E "^(alltoall|mcore|backend)"
   done ;;
 gpu)
   step "gpu tier"

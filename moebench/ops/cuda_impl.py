@@ -153,16 +153,14 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
         s = _contig(scales_TS)
         out_s = torch.empty((r_max, s.shape[1]), dtype=s.dtype, device=dev)
     p = None if probs_TK is None else _contig(probs_TK if probs_TK.dtype == torch.float32 else probs_TK.float())
-    # row_map, tokens per expert, the permuted probs and the workspace: one allocation (each costs
-    # microseconds of host time); every piece starts 16-byte aligned
+    # the workspace rides in row_map's allocation, 16-byte aligned (each allocation costs microseconds
+    # of host time); the outputs keep their own storage (a custom op's outputs must not alias)
     n = T * K
-    o_tpe = _up4(n)
-    o_p = o_tpe + _up4(E)
-    o_ws = o_p + (_up4(r_max) if p is not None else 0)
+    o_ws = _up4(n)
     meta = torch.empty(o_ws + _ws_words(n, E), dtype=torch.int32, device=dev)
     row_map = meta[:n].view(T, K)
-    tpe = meta[o_tpe:o_tpe + E]
-    out_p = meta[o_p:o_p + r_max].view(torch.float32) if p is not None else None
+    tpe = torch.empty(E, dtype=torch.int32, device=dev)
+    out_p = torch.empty(r_max, dtype=torch.float32, device=dev) if p is not None else None
     wait = 1 if (num_out_rows < 0 or host_counts) else 0
     host_ptr, host_view = _HostCounts.take(dev) if host_counts else (0, None)
     R = _C.permute(x.data_ptr(), x.shape[1] * x.element_size(),
