@@ -59,7 +59,7 @@ ab-new)
   done ;;
 gpu)
   step "gpu tier"
-  in_tree new timeout 320 python3 -m pytest -q -m gpu tests -p no:cacheprovider -x 2>&1 | tail -20 \
+  in_tree new timeout 320 python3 -m pytest -q -rfE -m gpu tests -p no:cacheprovider 2>&1 | tail -30 \
     | tee "$OUT/issue16-gpu-tier.log" ;;
 *) echo "unknown step $s"; exit 2 ;;
 esac; done
