@@ -24,7 +24,9 @@ int64_t check(int64_t rc) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "moebench CUDA permute/unpermute/sort_chunks kernels (pointer-level API)";
-  m.def("workspace_bytes", [](int64_t n_slots, int E) { return (int64_t)moe_permute_workspace_bytes(n_slots, E); });
+  m.def("workspace_bytes", [](int64_t n_slots, int E, int pad) {
+    return (int64_t)moe_permute_workspace_bytes(n_slots, E, pad);
+  });
   m.def("permute", [](uintptr_t x, int64_t xrb, uintptr_t s, int64_t srb, uintptr_t idx, int idx_bytes,
                       int64_t T, int K, int E, int pad, uintptr_t out, uintptr_t out_s, uintptr_t row_map,
                       uintptr_t tpe, uintptr_t probs, uintptr_t out_probs, uintptr_t ws, int wait,

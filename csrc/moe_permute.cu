@@ -767,12 +767,13 @@ extern "C" {
 
 const char* moe_last_error(void) { return g_err; }
 
-size_t moe_permute_workspace_bytes(int64_t n_slots, int E) {
+size_t moe_permute_workspace_bytes(int64_t n_slots, int E, int pad) {
   const int64_t sb = (int64_t)kThreads * slot_items(n_slots);
   const int64_t nb = cdiv(std::max<int64_t>(n_slots, 1), sb);
   // lrank [n] + counts/base [nb*E] + estart [E] + ecount [E] + total [1] + scan arrivals [1]
-  // + the gather's row -> slot map [n]
-  return sizeof(int32_t) * (size_t)(2 * n_slots + nb * E + 2 * (int64_t)E + 2);
+  // + the gather's row -> slot map, indexed by output row: [n + E*(pad-1)] rows with padding
+  const int64_t rows = n_slots + (int64_t)E * std::max(pad - 1, 0);
+  return sizeof(int32_t) * (size_t)(n_slots + rows + nb * E + 2 * (int64_t)E + 2);
 }
 
 int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int64_t s_row_bytes,

@@ -13,8 +13,8 @@ extern "C" {
 
 enum MoeDtype { MOE_F32 = 0, MOE_BF16 = 1, MOE_F16 = 2 };
 
-// Bytes of device workspace moe_permute needs for n_slots = T*K slots and E experts.
-size_t moe_permute_workspace_bytes(int64_t n_slots, int E);
+// Bytes of device workspace moe_permute needs for n_slots = T*K slots, E experts, padding pad.
+size_t moe_permute_workspace_bytes(int64_t n_slots, int E, int pad);
 
 // Rows of x [T, x_row_bytes] (and scales [T, s_row_bytes], may be null) to out [R, ...] grouped by
 // expert, Megatron order (expert, then token, then k); idx [T, K] int32/int64 (idx_bytes 4/8),

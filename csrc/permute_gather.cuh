@@ -59,7 +59,8 @@ __global__ void __launch_bounds__(kThreads, 4) permute_gather_kernel(
 }
 
 // Gather path: rows a multiple of 16 bytes at 16-byte aligned addresses, else 1 (not taken).
-// inv: n int32 of workspace. The index kernel writes row_map, so the copy need not.
+// inv: one int32 of workspace per output row (padding included). The index kernel writes row_map,
+// so the copy need not.
 int gather_copy(const CopyArgs& a, int NB, const int32_t* ecount, int32_t* inv, int variant,
                 int dev, cudaStream_t st) {
   if (a.rb % 16 != 0 || !aligned<uint4>(a.x) || !aligned<uint4>(a.out)) return 1;

@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
 
   void *dx, *didx, *dout, *dws, *dw, *dun, *dp, *dpo;
   int32_t *dmap, *dtpe;
-  const size_t ws = moe_permute_workspace_bytes(T * K, E);
+  const size_t ws = moe_permute_workspace_bytes(T * K, E, 0);
   CK(cudaMalloc(&dx, T * H * 2));
   CK(cudaMalloc(&didx, T * K * 8));
   CK(cudaMalloc(&dout, T * K * H * 2 + 16));

@@ -99,13 +99,13 @@ def _up4(n: int) -> int:
     return (n + 3) & ~3
 
 
-_WS: dict = {}    # (slots, experts) -> workspace int32 words
+_WS: dict = {}    # (slots, experts, padding) -> workspace int32 words
 
 
-def _ws_words(n: int, E: int) -> int:
-    w = _WS.get((n, E))
+def _ws_words(n: int, E: int, pad: int) -> int:
+    w = _WS.get((n, E, pad))
     if w is None:
-        w = _WS[(n, E)] = _up4(-(-_C.workspace_bytes(n, E) // 4))
+        w = _WS[(n, E, pad)] = _up4(-(-_C.workspace_bytes(n, E, pad) // 4))
     return w
 
 
@@ -157,7 +157,7 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
     # of host time); the outputs keep their own storage (a custom op's outputs must not alias)
     n = T * K
     o_ws = _up4(n)
-    meta = torch.empty(o_ws + _ws_words(n, E), dtype=torch.int32, device=dev)
+    meta = torch.empty(o_ws + _ws_words(n, E, pad), dtype=torch.int32, device=dev)
     row_map = meta[:n].view(T, K)
     tpe = torch.empty(E, dtype=torch.int32, device=dev)
     out_p = torch.empty(r_max, dtype=torch.float32, device=dev) if p is not None else None

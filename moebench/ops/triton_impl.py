@@ -85,6 +85,7 @@ class _Layout(NamedTuple):
     S0: int             # expert starts, counts, row count, arrival counter at ws[S0:]
     size: int           # workspace words
     EP: int             # the histogram's power-of-2 width (E + 1 buckets: masked slots too)
+    EF: int             # experts per chunk of the scan's final pass (all of them up to 4096)
     rank_grid: tuple
     scan_grid: tuple
 
@@ -99,7 +100,8 @@ def _layout(n: int, E: int) -> _Layout:
     NB = -(-n // SB)
     B0 = -(-n // 4) * 4             # the scan's array starts 16-byte aligned
     S0 = B0 + NB * E
-    return _Layout(SB, NB, B0, S0, S0 + 2 * E + 2, _pow2(E + 1), (NB,), (-(-E // _EB),))
+    return _Layout(SB, NB, B0, S0, S0 + 2 * E + 2, _pow2(E + 1), min(4096, max(16, _pow2(E))), (NB,),
+                   (-(-E // _EB),))
 
 
 def route(idx: Tensor, num_experts: int, pad_multiple: int, host=None):
@@ -113,7 +115,7 @@ def route(idx: Tensor, num_experts: int, pad_multiple: int, host=None):
     launch(_route_rank, lay.rank_grid, 4, idx, idx.numel(), E, ws, lay.B0, lay.S0, lay.SB, lay.EP)
     host_t, slot = host if host is not None else (None, 0)
     launch(_route_scan, lay.scan_grid, 4, ws, lay.B0, lay.S0, lay.NB, E, pad_multiple, tpe, host_t,
-           slot, 64, _EB, host is not None)
+           slot, 64, _EB, lay.EF, host is not None)
     return ws, tpe, lay
 
 

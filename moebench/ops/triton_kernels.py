@@ -79,11 +79,12 @@ def _route_rank(idx_ptr, n_slots, E, ws_ptr, B0, S0, SB: tl.constexpr, EP: tl.co
 
 @triton.jit
 def _route_scan(ws_ptr, B0, S0, NB, E, pad, tpe_ptr, host_ptr, slot, BB: tl.constexpr,
-                EB: tl.constexpr, HOST: tl.constexpr):
+                EB: tl.constexpr, EF: tl.constexpr, HOST: tl.constexpr):
     """Program p takes experts [p*EB, (p+1)*EB): counts [NB, E] -> in place, each block's first
     row per expert relative to the expert's start; ecount = totals. The last program to arrive
-    scans the padded totals: expert starts, tokens per expert and the row count (HOST: also to
-    host_ptr[slot], pinned host memory the GPU writes directly)."""
+    scans the padded totals in chunks of EF experts (one chunk up to 4096 experts: this scan is
+    the serial tail of the index work): expert starts, tokens per expert and the row count (HOST:
+    also to host_ptr[slot], pinned host memory the GPU writes directly)."""
     counts_ptr = ws_ptr + B0
     estart_ptr = ws_ptr + S0
     ecount_ptr = estart_ptr + E
@@ -102,9 +103,9 @@ def _route_scan(ws_ptr, B0, S0, NB, E, pad, tpe_ptr, host_ptr, slot, BB: tl.cons
     tl.store(ecount_ptr + eo, run, mask=me)
     tl.debug_barrier()  # every thread's stores before the release below
     if tl.atomic_add(done_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
-        carry = tl.sum(tl.zeros([EB], tl.int32), 0)
-        for e0 in range(0, E, EB):
-            eo = e0 + tl.arange(0, EB)
+        carry = tl.sum(tl.zeros([EF], tl.int32), 0)
+        for e0 in range(0, E, EF):
+            eo = e0 + tl.arange(0, EF)
             me = eo < E
             tot = tl.load(ecount_ptr + eo, mask=me, other=0, cache_modifier=".cg")
             padded = tot
