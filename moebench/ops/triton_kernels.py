@@ -105,14 +105,14 @@ def _route_scan(ws_ptr, B0, S0, NB, E, pad, tpe_ptr, host_ptr, slot, BB: tl.cons
     if tl.atomic_add(done_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
         carry = tl.sum(tl.zeros([EF], tl.int32), 0)
         for e0 in range(0, E, EF):
-            eo = e0 + tl.arange(0, EF)
-            me = eo < E
-            tot = tl.load(ecount_ptr + eo, mask=me, other=0, cache_modifier=".cg")
+            fo = e0 + tl.arange(0, EF)   # own names: eo / me are [EB] above
+            mf = fo < E
+            tot = tl.load(ecount_ptr + fo, mask=mf, other=0, cache_modifier=".cg")
             padded = tot
             if pad > 0:
                 padded = (tot + pad - 1) // pad * pad
-            tl.store(tpe_ptr + eo, padded, mask=me)
-            tl.store(estart_ptr + eo, carry + tl.cumsum(padded, 0) - padded, mask=me)
+            tl.store(tpe_ptr + fo, padded, mask=mf)
+            tl.store(estart_ptr + fo, carry + tl.cumsum(padded, 0) - padded, mask=mf)
             carry += tl.sum(padded, 0)
         tl.store(total_ptr, carry)
         if HOST:
