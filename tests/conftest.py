@@ -16,3 +16,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "multigpu" in item.keywords and ngpu < 2:
             item.add_marker(pytest.mark.skip(reason=f"needs 2+ CUDA GPUs, {ngpu} visible"))
+
+
+class LaunchSpy:
+    """Stands in for a Triton kernel launched as kernel[grid](...); counts launches
+    (`from conftest import LaunchSpy`: pytest puts tests/ on sys.path)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from conftest import LaunchSpy
 from hypothesis import given, settings, strategies as st
 
 import moebench.ops as ops
@@ -165,20 +166,9 @@ def test_triton_matches_reference(case, tma, cs, monkeypatch):
     _triton_case(*case)
 
 
-class _LaunchSpy:
-    """Stands in for a Triton kernel; counts launches."""
-
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
-
-    def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
-
-
 def _spy_copies(monkeypatch):
     from moebench.ops import triton_impl
-    spies = {name: _LaunchSpy(getattr(triton_impl, name)) for name in ("_permute_copy", "_permute_copy_tma")}
+    spies = {name: LaunchSpy(getattr(triton_impl, name)) for name in ("_permute_copy", "_permute_copy_tma")}
     for name, spy in spies.items():
         monkeypatch.setattr(triton_impl, name, spy)
     return triton_impl, spies

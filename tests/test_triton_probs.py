@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from conftest import LaunchSpy
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted = pytest.mark.skipif(not INTERPRET, reason="runs in the subprocess of test_interpreter")
@@ -68,24 +69,13 @@ def ti():
     return triton_impl
 
 
-class Spy:
-    """Stands in for a Triton kernel launched as kernel[grid](...); counts launches."""
-
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
-
-    def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
-
-
 @interpreted
 @pytest.mark.parametrize("copy", list(COPIES))
 @pytest.mark.parametrize("pad", [0, 16])
 @pytest.mark.parametrize("payload,H", [("bf16", 40), ("fp8", 64)])
 def test_permute_probs_match_oracle(ti, poisoned, monkeypatch, payload, H, pad, copy):
     T, K, E = 37, 4, 6
-    tma = Spy(ti._permute_copy_tma)
+    tma = LaunchSpy(ti._permute_copy_tma)
     monkeypatch.setattr(ti, "_permute_copy_tma", tma)
     x, scales = inputs(T, H, payload, seed=H + pad)
     idx, probs = routing(T, K, E, seed=H + pad)
