@@ -166,6 +166,22 @@ def test_triton_matches_reference(case, tma, cs, monkeypatch):
     _triton_case(*case)
 
 
+@pytest.mark.skipif(not INTERPRET, reason="runs in the subprocess of test_triton_interpreter")
+@pytest.mark.parametrize("route", [(8, 2, 4, 16, 2), (512, 8, 16, 128, 4), (256, 1, 32, 4, 8)],
+                         ids=lambda r: "sb{}-rw{}-eb{}-bb{}-sw{}".format(*r))
+def test_triton_route_knobs(route, monkeypatch):
+    """Other rank block / scan chunk sizes (the knobs the H200 sweep tries) give the same permute:
+    (8, .., 4, 16): 75 rank blocks of 32 slots, the scan looping 5 times over block chunks, 3 scan
+    programs of 4 experts; (256, .., 32, 4): a chunk of 4 blocks."""
+    from moebench.ops import triton_impl
+    monkeypatch.setattr(triton_impl, "DEFAULT_KNOBS",
+                        triton_impl.DEFAULT_KNOBS._replace(**dict(zip(
+                            ("rank_sb", "rank_warps", "scan_eb", "scan_bb", "scan_warps"), route))))
+    ops._status.clear()
+    _triton_case(300, 16, 8, 10, 4, False, torch.int64)
+    _triton_case(150, 8, 4, 130, 8, True, torch.int32)
+
+
 def _spy_copies(monkeypatch):
     from moebench.ops import triton_impl
     spies = {name: LaunchSpy(getattr(triton_impl, name)) for name in ("_permute_copy", "_permute_copy_tma")}
@@ -250,7 +266,7 @@ def test_triton_interpreter():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                        __file__, "-k", "triton_matches_reference or hypothesis_triton or triton_tma"],
+                        __file__, "-k", "triton_matches_reference or triton_route_knobs or hypothesis_triton or triton_tma"],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
 
@@ -348,7 +364,11 @@ def test_variants_are_part_of_the_impl_string():
     from moebench.ops import triton_impl as ti
     assert ti.knobs("") is ti.DEFAULT_KNOBS
     assert ti.knobs("2048:8") == ti.DEFAULT_KNOBS._replace(copy_bh=2048, copy_warps=8)
-    assert ti.knobs("1:2:3:4:1") == ti.Knobs(1, 2, 3, 4, 1, ti.DEFAULT_KNOBS.copy_cs)
+    assert ti.knobs("1:2:3:4:1") == ti.DEFAULT_KNOBS._replace(copy_bh=1, copy_warps=2, unperm_bh=3,
+                                                              unperm_warps=4, copy_tma=1)
     assert ti.knobs("1:2:3:4:0:1").copy_cs == 1
-    with pytest.raises(ValueError, match="at most 6"):
-        ti.knobs("1:2:3:4:5:6:7")
+    assert ti.knobs("1:2:3:4:0:1:512:8:16:128:2:0")[6:] == (512, 8, 16, 128, 2, 0)
+    with pytest.raises(ValueError, match="at most 12"):
+        ti.knobs("1:2:3:4:5:6:7:8:9:10:11:12:13")
+    with pytest.raises(ValueError, match="scan_eb must be a power of 2"):
+        ti.knobs("1:2:3:4:0:1:512:8:24")

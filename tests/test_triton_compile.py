@@ -18,8 +18,10 @@ _PTR = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int64: "*i64", to
 
 
 def _launches(monkeypatch, call) -> list:
+    """The launches call makes, as on a Hopper GPU (programmatic dependent launches on)."""
     seen = []
-    monkeypatch.setattr(triton_impl, "launch", lambda fn, grid, warps, *a: seen.append((fn, warps, a)))
+    monkeypatch.setattr(triton_impl, "launch", lambda fn, grid, warps, *a, pdl=False: seen.append((fn, warps, a, pdl)))
+    monkeypatch.setattr(triton_impl, "_hopper", lambda dev: True)
     try:
         call()
     except (NotImplementedError, RuntimeError):   # meta tensors stop the host part after the launches
@@ -27,7 +29,7 @@ def _launches(monkeypatch, call) -> list:
     return seen
 
 
-def _compile(fn, warps, args) -> None:
+def _compile(fn, warps, args, pdl=False) -> None:
     sig, consts, attrs = {}, {}, {}
     for i, (p, v) in enumerate(zip(fn.params, args)):
         if p.is_constexpr or v is None or (type(v) is int and v == 1):
@@ -43,7 +45,7 @@ def _compile(fn, warps, args) -> None:
             if v % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = compiler.ASTSource(fn, sig, consts, attrs)
-    k = triton.compile(src, target=backends.GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    k = triton.compile(src, target=backends.GPUTarget("cuda", 90, 32), options={"num_warps": warps, "launch_pdl": pdl})
     assert k.asm.get("cubin"), fn.__name__
 
 
@@ -57,10 +59,11 @@ def test_permute_kernels_compile_for_sm90(case, monkeypatch):
     pad = 16 if "pad" in case else 0
     seen = _launches(monkeypatch, lambda: triton_impl.permute(x, meta((T, K), torch.int64), E, scales, pad,
                                                               T * K + E * 15 * (pad > 0), "", probs))
-    names = [fn.__name__ for fn, _, _ in seen]
+    names = [fn.__name__ for fn, _, _, _ in seen]
     assert names[:3] == ["_route_rank", "_route_scan", "_permute_copy"], names
-    for fn, warps, args in seen:
-        _compile(fn, warps, args)
+    assert [p for _, _, _, p in seen[:3]] == [False, True, True]   # scan and copy: dependent launches
+    for fn, warps, args, pdl in seen:
+        _compile(fn, warps, args, pdl)
 
 
 def test_unpermute_and_sort_chunks_compile_for_sm90(monkeypatch):
@@ -70,6 +73,6 @@ def test_unpermute_and_sort_chunks_compile_for_sm90(monkeypatch):
                                                                 meta((4096, 8), torch.float32)))
     seen += _launches(monkeypatch, lambda: triton_impl.sort_chunks_by_idxs(y, meta((64,), torch.int64),
                                                                           meta((64,), torch.int64)))
-    assert [fn.__name__ for fn, _, _ in seen] == ["_unpermute", "_sort_chunks"]
-    for fn, warps, args in seen:
-        _compile(fn, warps, args)
+    assert [fn.__name__ for fn, _, _, _ in seen] == ["_unpermute", "_sort_chunks"]
+    for fn, warps, args, pdl in seen:
+        _compile(fn, warps, args, pdl)

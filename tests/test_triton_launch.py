@@ -27,8 +27,8 @@ class FakeJit:
         self.compiles = []
 
     def __getitem__(self, grid):
-        def compile_and_launch(*args, num_warps):
-            self.compiles.append((grid, args, num_warps))
+        def compile_and_launch(*args, num_warps, **opts):
+            self.compiles.append((grid, args, num_warps, opts))
             return FakeKernel()
         return compile_and_launch
 
@@ -57,7 +57,7 @@ CHANGES = {  # name: (argument index or "warps" / "device", value before, value 
     "int_not_div16": (2, 32, 33), "int_one": (2, 32, 1), "int_i64": (2, 32, 1 << 40),
     "int_u64": (2, 1 << 62, 1 << 63),            # both divisible by 16: i64 -> u64
     "constexpr": (3, 8, 16), "constexpr_type": (3, 8, 8.0),   # == 8, but Triton compiles again
-    "warps": ("warps", 4, 8), "device": ("device", 0, 1),
+    "warps": ("warps", 4, 8), "device": ("device", 0, 1), "pdl": ("pdl", False, True),
     "dtype": (1, torch.zeros(64, dtype=torch.int32), torch.zeros(64, dtype=torch.int64)),
     "misaligned": (0, torch.zeros(64), torch.zeros(64)[1:]),     # 4 bytes past a 16-byte boundary
     "none": (1, torch.zeros(64, dtype=torch.int32), None),       # an absent pointer: a constexpr
@@ -70,17 +70,21 @@ def test_a_different_specialisation_compiles_again(gpu_like, change, monkeypatch
     fn = FakeJit()
     where, before, after = CHANGES[change]
     for value in (before, after):
-        args, warps, dev = [torch.zeros(64), torch.zeros(64, dtype=torch.int32), 32, 8], 4, 0
+        args, warps, dev, pdl = [torch.zeros(64), torch.zeros(64, dtype=torch.int32), 32, 8], 4, 0, False
         if where == "warps":
             warps = value
         elif where == "device":
             dev = value
+        elif where == "pdl":
+            pdl = value
         else:
             args[where] = value
         monkeypatch.setattr(torch.cuda, "current_device", lambda: dev)
-        tl_.launch(fn, (1,), warps, *args)
-        tl_.launch(fn, (1,), warps, *args)
+        tl_.launch(fn, (1,), warps, *args, pdl=pdl)
+        tl_.launch(fn, (1,), warps, *args, pdl=pdl)
     assert len(fn.compiles) == 2
+    if where == "pdl":   # a dependent launch is a compile option (launch_pdl), the plain one passes none
+        assert [c[3] for c in fn.compiles] == [{}, {"launch_pdl": True}]
 
 
 def _values():

@@ -105,7 +105,7 @@ def test_probs_add_no_launch(ti, monkeypatch, pad):
     without them; without probs the 5th result is None."""
     launches = []
     launch = ti.launch
-    monkeypatch.setattr(ti, "launch", lambda fn, *a: (launches.append(fn.__name__), launch(fn, *a)))
+    monkeypatch.setattr(ti, "launch", lambda fn, *a, **kw: (launches.append(fn.__name__), launch(fn, *a, **kw)))
     x, _ = inputs(9, 8, "bf16", seed=1)
     idx, probs = routing(9, 2, 3, seed=1)
     res = ti.permute(x, idx, 3, None, pad, -1, "", None)
@@ -147,12 +147,12 @@ def test_copy_kernels_write_only_their_rows(ti, kernel, H):
     W = xw.shape[1]
     if kernel == "_permute_copy":
         ti._permute_copy[(T,)](xw, scales, probs, ow, out_s, out_p, idx, ws, row_map, lay.B0, lay.S0, W, 2,
-                               E, lay.SB, K, 4, 1024, True, True, 16, 1)
+                               E, lay.SB, K, 4, 1024, True, True, 16, 1, False)
     else:
         desc, NC, BW, NB, BB = ti._tma_desc(ow, r_max, W, 1024)
         ti._permute_copy_tma[(T,)](xw, scales, probs, desc, out_s, out_p, idx, ws, row_map, lay.B0, lay.S0,
                                    W, 2, E, lay.SB, NC, BW, K=K, KP=4, NB=NB, BB=BB, HAS_S=True,
-                                   HAS_P=True, BS=16)
+                                   HAS_P=True, BS=16, PDL=False)
     want = oracle(x, idx, E, scales, pad, probs)
     assert torch.equal(row_map, want[2])
     valid = row_map >= 0

@@ -16,12 +16,14 @@ except ImportError:  # pragma: no cover - Triton without host-side tensor descri
     TensorDescriptor = None
 
 from .triton_launch import launch
+from .triton_kernels import gdc_wait
 from .triton_kernels import (_permute_copy, _permute_copy_tma, _route_rank, _route_scan, _sort_chunks,
                              _unpermute, _zero_pad)
 
 class Knobs(NamedTuple):
-    """Tunables (per-kernel block sizes). impl "triton@BH:WARPS:UBH:UWARPS:TMA:CS" (a prefix of them;
-    the rest default) picks them per call; env overrides set the defaults."""
+    """Tunables (per-kernel block sizes). impl "triton@BH:WARPS:UBH:UWARPS:TMA:CS:SB:RW:EB:BB:SW:PDL"
+    (a prefix of them; the rest default) picks them per call; env overrides
+    (MOEBENCH_TRITON_<FIELD>) set the defaults."""
     copy_bh: int        # words per chunk (permute)
     copy_warps: int
     unperm_bh: int      # elements per chunk (unpermute)
@@ -37,15 +39,28 @@ class Knobs(NamedTuple):
     # us at T 4096, H 7168 (bench/results/permute16-h200-run1.jsonl, triton@1024:4:1024:4:0:1;
     # 143.7 vs 145.3 in run2).
     copy_cs: int
+    # the index kernels: ``_route_rank``'s fewest slots per block (a power of 2; more when there are
+    # more than 128 blocks' worth) and warps; ``_route_scan``'s experts per program, blocks per
+    # chunk and warps
+    rank_sb: int
+    rank_warps: int
+    scan_eb: int
+    scan_bb: int
+    scan_warps: int
+    # 1 (default): the scan and the copy are programmatic dependent launches where the device has
+    # them (compute capability >= 9; not the interpreter), see triton_kernels.py; 0: plain launches
+    pdl: int
 
 
 DEFAULT_KNOBS = Knobs(*(int(os.environ.get(f"MOEBENCH_TRITON_{k.upper()}", v)) for k, v in
                         (("copy_bh", 1024), ("copy_warps", 4), ("unperm_bh", 1024), ("unperm_warps", 4),
-                         ("copy_tma", 0), ("copy_cs", 1))))
+                         ("copy_tma", 0), ("copy_cs", 1), ("rank_sb", 256), ("rank_warps", 4),
+                         ("scan_eb", 64), ("scan_bb", 64), ("scan_warps", 4), ("pdl", 1))))
 
 
 def knobs(variant: str = "") -> Knobs:
-    """The Knobs of a variant string "BH:WARPS:UBH:UWARPS:TMA:CS" ('' or a prefix: the rest default)."""
+    """The Knobs of a variant string "BH:WARPS:UBH:UWARPS:TMA:CS:SB:RW:EB:BB:SW:PDL" ('' or a prefix:
+    the rest default)."""
     return _parse_knobs(variant) if variant else DEFAULT_KNOBS
 
 
@@ -54,7 +69,12 @@ def _parse_knobs(variant: str) -> Knobs:
     vals = [int(v) for v in variant.split(":")]
     if len(vals) > len(Knobs._fields):
         raise ValueError(f"triton@{variant}: at most {len(Knobs._fields)} values ({':'.join(Knobs._fields)})")
-    return DEFAULT_KNOBS._replace(**dict(zip(Knobs._fields, vals)))
+    k = DEFAULT_KNOBS._replace(**dict(zip(Knobs._fields, vals)))
+    for f in ("rank_sb", "scan_eb", "scan_bb"):
+        v = getattr(k, f)
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"triton@{variant}: {f} must be a power of 2, not {v}")
+    return k
 
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -90,45 +110,56 @@ class _Layout(NamedTuple):
     scan_grid: tuple
 
 
-_EB = 64   # experts per scan program (one program for all took 16.4 us at E 256 on the H200,
-           # 10% of the permute at T 4096)
-
-
 @functools.lru_cache(maxsize=256)
-def _layout(n: int, E: int) -> _Layout:
-    SB = min(4096, max(256, _pow2(-(-n // 128))))
+def _layout(n: int, E: int, rank_sb: int = 256, scan_eb: int = 64) -> _Layout:
+    """scan_eb experts per scan program (one program for all took 16.4 us at E 256 on the H200, 10%
+    of the permute at T 4096)."""
+    SB = min(4096, max(rank_sb, _pow2(-(-n // 128))))
     NB = -(-n // SB)
     B0 = -(-n // 4) * 4             # the scan's array starts 16-byte aligned
     S0 = B0 + NB * E
     return _Layout(SB, NB, B0, S0, S0 + 2 * E + 2, _pow2(E + 1), min(4096, max(16, _pow2(E))), (NB,),
-                   (-(-E // _EB),))
+                   (-(-E // scan_eb),))
 
 
-def route(idx: Tensor, num_experts: int, pad_multiple: int, host=None):
+def route(idx: Tensor, num_experts: int, pad_multiple: int, host=None, k: Knobs = DEFAULT_KNOBS,
+          pdl: bool = False):
     """Launch the index kernels over idx (contiguous [T, K]). Returns (ws, tpe, layout): the int32
     workspace, tokens per expert (own storage: it is returned) and the offsets into ws.
-    host: (pinned int32 tensor, slot) that also receives the row count."""
+    host: (pinned int32 tensor, slot) that also receives the row count. pdl: the scan is a
+    programmatic dependent launch (and lets the next launch be one)."""
     E = num_experts
-    lay = _layout(idx.numel(), E)
+    lay = _layout(idx.numel(), E, k.rank_sb, k.scan_eb)
     ws = torch.empty(lay.size, dtype=torch.int32, device=idx.device)     # one allocation
     tpe = torch.empty(E, dtype=torch.int32, device=idx.device)
-    launch(_route_rank, lay.rank_grid, 4, idx, idx.numel(), E, ws, lay.B0, lay.S0, lay.SB, lay.EP)
+    launch(_route_rank, lay.rank_grid, k.rank_warps, idx, idx.numel(), E, ws, lay.B0, lay.S0, lay.SB, lay.EP,
+           pdl)
     host_t, slot = host if host is not None else (None, 0)
-    launch(_route_scan, lay.scan_grid, 4, ws, lay.B0, lay.S0, lay.NB, E, pad_multiple, tpe, host_t,
-           slot, 64, _EB, lay.EF, host is not None)
+    launch(_route_scan, lay.scan_grid, k.scan_warps, ws, lay.B0, lay.S0, lay.NB, E, pad_multiple, tpe,
+           host_t, slot, k.scan_bb, k.scan_eb, lay.EF, host is not None, pdl, pdl=pdl)
     return ws, tpe, lay
 
 
-_TMA_DEVICES: dict = {}
+_HOPPER: dict = {}
+
+
+def _hopper(dev: torch.device) -> bool:
+    """A GPU of compute capability >= 9 (TMA, programmatic dependent launch)."""
+    ok = _HOPPER.get(dev)
+    if ok is None:
+        ok = _HOPPER[dev] = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
+    return ok
 
 
 def _tma_device(dev: torch.device) -> bool:
     """TMA descriptors work here: a Hopper+ GPU, or the interpreter (which emulates them)."""
-    ok = _TMA_DEVICES.get(dev)
-    if ok is None:
-        ok = _INTERPRET or (dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9)
-        _TMA_DEVICES[dev] = ok
-    return ok
+    return _INTERPRET or _hopper(dev)
+
+
+def _pdl(dev: torch.device, k: Knobs) -> bool:
+    """The index and copy kernels chain as programmatic dependent launches here (the interpreter
+    has no gdc_wait)."""
+    return bool(k.pdl) and gdc_wait is not None and not _INTERPRET and _hopper(dev)
 
 
 def _tma_desc(ow: Tensor, r_max: int, W: int, copy_bh: int):
@@ -211,7 +242,9 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
     ring = None
     if num_out_rows < 0 and dev.type == "cuda":
         ring, slot = _HostRing.take(dev)
-    ws, tpe, lay = route(idx, E, pad_multiple, (ring["host"], slot) if ring else None)
+    k = knobs(variant)
+    pdl = _pdl(dev, k)
+    ws, tpe, lay = route(idx, E, pad_multiple, (ring["host"], slot) if ring else None, k, pdl)
     if ring:
         ring["events"][slot].record()
     xw, ow = _words(x_TH), _words(out)
@@ -219,17 +252,16 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
     sw, osw = (_words(scales_TS), _words(out_s)) if has_s else (None, None)
     WS = sw.shape[1] if has_s else 0
     pk = probs_TK.contiguous() if has_p else None
-    k = knobs(variant)
     KP, BH, BS = _copy_plan(K, W, WS, k)
     tma = _tma_desc(ow, r_max, W, k.copy_bh) if k.copy_tma and _tma_device(dev) else None
     if tma is not None:
         desc, NC, BW, NB, BB = tma
         _permute_copy_tma[(T,)](xw, sw, pk, desc, osw, out_p, idx, ws, row_map, lay.B0, lay.S0, W, WS,
                                 E, lay.SB, NC, BW, K=K, KP=KP, NB=NB, BB=BB, HAS_S=has_s,
-                                HAS_P=has_p, BS=BS, num_warps=k.copy_warps)
+                                HAS_P=has_p, BS=BS, PDL=pdl, num_warps=k.copy_warps, launch_pdl=pdl)
     else:
         launch(_permute_copy, (T,), k.copy_warps, xw, sw, pk, ow, osw, out_p, idx, ws, row_map,
-               lay.B0, lay.S0, W, WS, E, lay.SB, K, KP, BH, has_s, has_p, BS, k.copy_cs)
+               lay.B0, lay.S0, W, WS, E, lay.SB, K, KP, BH, has_s, has_p, BS, k.copy_cs, pdl, pdl=pdl)
     if pad_multiple > 1:
         launch(_zero_pad, (E,), 4, ow, osw, out_p, ws, lay.S0, tpe, W, WS, E, BH, has_s, has_p, BS)
     if ring:

@@ -4,7 +4,7 @@ Permute runs in three launches, no host sync before the copy:
 1. ``_route_rank``: slots split in blocks of SB; per block, a sort of (expert, slot) keys gives
    each slot its stable rank among the block's slots of the same expert, and a histogram the
    block's per-expert counts.
-2. ``_route_scan``: one program per 64 experts turns the [NB, E] counts into each block's first
+2. ``_route_scan``: one program per EB experts (knob ``scan_eb``) turns the [NB, E] counts into each block's first
    row per expert; the last program to finish scans the totals: expert starts (padded to
    ``pad_multiple``), tokens per expert, and the row count (also stored to a pinned host slot,
    so the host waits on one event, not a copy).
@@ -15,6 +15,11 @@ Permute runs in three launches, no host sync before the copy:
    tensor descriptor (Hopper+, rows a multiple of 16 bytes; knob COPY_TMA), else
    ``_permute_copy`` runs. With padding, ``_zero_pad`` then zeroes the padding rows (payload,
    scales, probs).
+PDL (Hopper+, knob ``pdl``): the scan and the copy are programmatic dependent launches. Each
+kernel lets the next one start early (``gdc_launch_dependents``) and the next waits in
+``gdc_wait`` until the one before it has finished and its stores are visible, so the launch
+latency between the three kernels is hidden. Their profiled times then overlap: the scan's time
+includes its wait for the rank kernel.
 Payload rows are copied as raw words (int32 when the row is a multiple of 4 bytes; tensors of
 4-byte elements, e.g. fp32 scales, as they are), so bf16 and fp8 share one kernel.
 
@@ -31,6 +36,10 @@ import os
 
 import triton
 import triton.language as tl
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - Triton < 3.3: no programmatic dependent launch (PDL stays 0)
+    gdc_launch_dependents = gdc_wait = None
 
 
 def _interpreter_numpy_shim() -> None:
@@ -56,7 +65,10 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 
 @triton.jit
-def _route_rank(idx_ptr, n_slots, E, ws_ptr, B0, S0, SB: tl.constexpr, EP: tl.constexpr):
+def _route_rank(idx_ptr, n_slots, E, ws_ptr, B0, S0, SB: tl.constexpr, EP: tl.constexpr,
+                PDL: tl.constexpr):
+    if PDL:
+        gdc_launch_dependents()   # _route_scan's programs may start now (they wait in gdc_wait)
     lrank_ptr = ws_ptr
     counts_ptr = ws_ptr + B0
     b = tl.program_id(0)
@@ -79,12 +91,15 @@ def _route_rank(idx_ptr, n_slots, E, ws_ptr, B0, S0, SB: tl.constexpr, EP: tl.co
 
 @triton.jit
 def _route_scan(ws_ptr, B0, S0, NB, E, pad, tpe_ptr, host_ptr, slot, BB: tl.constexpr,
-                EB: tl.constexpr, EF: tl.constexpr, HOST: tl.constexpr):
+                EB: tl.constexpr, EF: tl.constexpr, HOST: tl.constexpr, PDL: tl.constexpr):
     """Program p takes experts [p*EB, (p+1)*EB): counts [NB, E] -> in place, each block's first
     row per expert relative to the expert's start; ecount = totals. The last program to arrive
     scans the padded totals in chunks of EF experts (one chunk up to 4096 experts: this scan is
     the serial tail of the index work): expert starts, tokens per expert and the row count (HOST:
     also to host_ptr[slot], pinned host memory the GPU writes directly)."""
+    if PDL:
+        gdc_launch_dependents()   # the copy's programs may start (and wait in gdc_wait)
+        gdc_wait()                # _route_rank done, its stores visible
     counts_ptr = ws_ptr + B0
     estart_ptr = ws_ptr + S0
     ecount_ptr = estart_ptr + E
@@ -162,8 +177,11 @@ def _copy_probs(p_ptr, outp_ptr, t, row, K: tl.constexpr, KP: tl.constexpr):
 @triton.jit
 def _permute_copy(x_ptr, s_ptr, p_ptr, out_ptr, outs_ptr, outp_ptr, idx_ptr, ws_ptr, row_map_ptr,
                   B0, S0, W, WS, E, SB, K: tl.constexpr, KP: tl.constexpr, BH: tl.constexpr,
-                  HAS_S: tl.constexpr, HAS_P: tl.constexpr, BS: tl.constexpr, CS: tl.constexpr):
+                  HAS_S: tl.constexpr, HAS_P: tl.constexpr, BS: tl.constexpr, CS: tl.constexpr,
+                  PDL: tl.constexpr):
     """CS: streaming access (the row is read once: evict-first load; ".cs" stores)."""
+    if PDL:
+        gdc_wait()                # _route_scan done
     t = tl.program_id(0).to(tl.int64)
     row = _slot_rows(idx_ptr, ws_ptr, B0, S0, row_map_ptr, t, E, SB, K, KP)
     if HAS_P:
@@ -189,7 +207,7 @@ def _permute_copy(x_ptr, s_ptr, p_ptr, out_ptr, outs_ptr, outp_ptr, idx_ptr, ws_
 def _permute_copy_tma(x_ptr, s_ptr, p_ptr, out_desc, outs_ptr, outp_ptr, idx_ptr, ws_ptr, row_map_ptr,
                       B0, S0, W, WS, E, SB, NC, BW, K: tl.constexpr, KP: tl.constexpr,
                       NB: tl.constexpr, BB: tl.constexpr, HAS_S: tl.constexpr, HAS_P: tl.constexpr,
-                      BS: tl.constexpr):
+                      BS: tl.constexpr, PDL: tl.constexpr):
     """``_permute_copy`` with the K row writes as TMA bulk stores (Hopper+).
 
     ``out_desc``: host-side descriptor over the output words viewed as [R, NC, BW] (strides
@@ -198,6 +216,8 @@ def _permute_copy_tma(x_ptr, s_ptr, p_ptr, out_desc, outs_ptr, outp_ptr, idx_ptr
     TMA clips the parts of a box past NC / BW, so ragged tails need no mask. Masked slots are
     skipped by a scalar branch (their row is -1, which TMA would also clip, but nothing relies on
     that)."""
+    if PDL:
+        gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     row = _slot_rows(idx_ptr, ws_ptr, B0, S0, row_map_ptr, t, E, SB, K, KP)
     if HAS_P:

@@ -7,8 +7,10 @@ H200 machine the three permute launches and their torch glue took 143-361 us of 
 call (bench/results/permute-README.md) against 64-128 us for the CUDA impl's one call, and when the
 host lags the GPU the timed call waits for it (issue 16 item 3).
 
-``launch(fn, grid, num_warps, *args)`` takes every kernel parameter positionally (constexprs
-too, in the kernel's order). The first call for a specialisation key goes through
+``launch(fn, grid, num_warps, *args, pdl=False)`` takes every kernel parameter positionally
+(constexprs too, in the kernel's order); ``pdl`` compiles the kernel with ``launch_pdl`` (a
+programmatic dependent launch: it may start while the kernel before it finishes, and waits for it
+in ``gdc_wait``). The first call for a specialisation key goes through
 ``fn[grid](...)``, which compiles and returns the CompiledKernel; later calls with the same key
 call its launcher directly, as ``JITFunction.run`` does at its end. (Passing tensors as their
 addresses instead, which skips the launcher's per-pointer driver query, measured no better on the
@@ -69,9 +71,9 @@ def _spec(a):
     raise TypeError(f"no launch key for a {t.__name__}")
 
 
-def key(fn, num_warps: int, args, device: int = 0) -> tuple:
-    """The specialisation key of fn(*args): fn, device, num_warps, the constexpr values and their
-    types (Triton tells 1 from True and 1.0), then ``_spec`` of each other argument."""
+def key(fn, num_warps: int, args, device: int = 0, pdl: bool = False) -> tuple:
+    """The specialisation key of fn(*args): fn, device, num_warps, pdl, the constexpr values and
+    their types (Triton tells 1 from True and 1.0), then ``_spec`` of each other argument."""
     info = _params.get(fn)
     if info is None:
         flags = [p.is_constexpr for p in fn.params]
@@ -79,23 +81,25 @@ def key(fn, num_warps: int, args, device: int = 0) -> tuple:
     n, const, other = info
     if len(args) != n:
         raise TypeError(f"{fn.__name__}: {len(args)} arguments for {n} parameters")
-    return (fn, device, num_warps, *compress(args, const), *map(type, compress(args, const)),
+    return (fn, device, num_warps, pdl, *compress(args, const), *map(type, compress(args, const)),
             *map(_spec, compress(args, other)))
 
 
-def launch(fn, grid: tuple, num_warps: int, *args) -> None:
-    """fn[grid](*args, num_warps=num_warps), launched directly once the kernel is compiled."""
+def launch(fn, grid: tuple, num_warps: int, *args, pdl: bool = False) -> None:
+    """fn[grid](*args, num_warps=num_warps[, launch_pdl=True]), launched directly once the kernel
+    is compiled."""
+    opts = dict(num_warps=num_warps, launch_pdl=True) if pdl else dict(num_warps=num_warps)
     if _INTERPRET or not _DIRECT:
-        fn[grid](*args, num_warps=num_warps)
+        fn[grid](*args, **opts)
         return
     dev = torch.cuda.current_device()     # Triton launches on the current device, so do we
     try:
-        k = key(fn, num_warps, args, dev)
+        k = key(fn, num_warps, args, dev, pdl)
     except TypeError:                     # an argument of another kind: Triton's own path
         k = None
     entry = _cache.get(k) if k is not None else None
     if entry is None or _hooks_set():
-        kernel = fn[grid](*args, num_warps=num_warps)
+        kernel = fn[grid](*args, **opts)
         if hasattr(kernel, "result"):     # an asynchronous compile's future
             kernel = kernel.result()
         if k is not None and kernel is not None:
