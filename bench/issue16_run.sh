@@ -7,7 +7,8 @@
 # and the timer), ab (dispatch --ep 1 alltoall + mcore-alltoall, old and new interleaved twice),
 # host (bench/alltoall_host.py with --ops-impl auto and cuda), permute (moebench.permute, CUDA vs
 # Triton, two processes in opposite order), variants (Triton copy variants with the kernel profile),
-# route (Triton index-kernel knobs and programmatic dependent launch on/off, with the kernel profile),
+# route (Triton index-kernel knobs, and programmatic dependent launch on/off in CUDA and Triton, with
+# the kernel profile),
 # ab-new (the new snapshot alone, twice), gpu (the whole `pytest -m gpu tests`).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; exec > >(tee -a "$OUT/issue16-h200.txt") 2>&1
@@ -55,7 +56,7 @@ variants)
 route)
   step "permute route knobs (kernel profile)"
   P=triton@1024:4:1024:4:0:1   # copy knobs at their defaults; then SB:RW:EB:BB:SW:PDL
-  V=cuda,triton; for r in 256:4:64:64:4:0 256:8:64:64:4:0 256:2:64:64:4:0 256:1:64:64:4:0 512:8:64:64:4:0 \
+  V=cuda,cuda@4096,triton; for r in 256:4:64:64:4:0 256:8:64:64:4:0 256:2:64:64:4:0 256:1:64:64:4:0 512:8:64:64:4:0 \
     1024:8:64:64:4:0 256:4:32:128:4:0 256:4:16:128:4:0 256:4:32:128:8:0 256:4:16:128:2:0 256:4:64:128:8:0 \
     256:4:32:64:4:0 256:4:64:64:4:1 256:8:16:128:4:1 512:8:32:128:4:1; do V=$V,$P:$r; done
   in_tree new timeout 300 python3 -m moebench.permute --shapes 4096x7168x8x256 --ops permute,permute_wait \
