@@ -8,7 +8,8 @@
 # host (bench/alltoall_host.py with --ops-impl auto and cuda), permute (moebench.permute, CUDA vs
 # Triton, two processes in opposite order), variants (Triton copy variants with the kernel profile),
 # route (Triton index-kernel knobs, and programmatic dependent launch on/off in CUDA and Triton, with
-# the kernel profile),
+# the kernel profile), pdl (the defaults with and without programmatic dependent launch, two
+# processes in opposite order),
 # ab-new (the new snapshot alone, twice), gpu (the whole `pytest -m gpu tests`).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; exec > >(tee -a "$OUT/issue16-h200.txt") 2>&1
@@ -61,6 +62,14 @@ route)
     256:4:32:64:4:0 256:4:64:64:4:1 256:8:16:128:4:1 512:8:32:128:4:1; do V=$V,$P:$r; done
   in_tree new timeout 300 python3 -m moebench.permute --shapes 4096x7168x8x256 --ops permute,permute_wait \
     --ops-impl $V --iters 40 --profile --out "$OUT/permute-issue16-route-h200.jsonl" 2>&1 | grep -vi warn ;;
+pdl)
+  F=cuda,cuda@4096,triton,triton@1024:4:1024:4:0:1:256:4:16:128:4:0   # the defaults, then without PDL
+  for order in $F $(echo $F | tr , '\n' | tac | paste -sd,); do
+    step "permute PDL on/off $order"
+    in_tree new timeout 200 python3 -m moebench.permute --shapes 4096x7168x8x256,16384x7168x8x256 \
+      --ops permute,permute_wait --ops-impl $order --iters 40 --out "$OUT/permute-issue16-pdl-h200.jsonl" 2>&1 \
+      | grep -vi warn
+  done ;;
 ab-new)
   for i in 1 2; do
     step "ab new run $i"

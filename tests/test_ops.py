@@ -127,7 +127,7 @@ TRITON_CASES = [  # T, H, K, E, pad, fp8, idx dtype
     (37, 20, 4, 6, 4, True, torch.int64),
     (64, 40, 8, 16, 8, False, torch.int64),
     (300, 16, 8, 300, 0, False, torch.int64),   # more slots than one rank block; E > 256
-    (150, 8, 4, 130, 8, True, torch.int32),     # three scan programs (64 experts each), padded
+    (150, 8, 4, 130, 8, True, torch.int32),     # several scan programs, padded
 ]
 
 

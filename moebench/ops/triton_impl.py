@@ -41,21 +41,25 @@ class Knobs(NamedTuple):
     copy_cs: int
     # the index kernels: ``_route_rank``'s fewest slots per block (a power of 2; more when there are
     # more than 128 blocks' worth) and warps; ``_route_scan``'s experts per program, blocks per
-    # chunk and warps
+    # chunk and warps. On the H200 at T 4096, K 8, E 256 (bench/results/permute-issue16-route-h200.jsonl,
+    # pdl 0 for clean kernel times): rank 256 slots, 4 warps 4.2 us (2 warps 4.9, 8 warps 5.0, 1 warp
+    # 8.8; 512 slots 6.1, 1024 slots 10.7); scan 16 experts x 128 blocks, 4 warps 3.2 us (was 64 x 64:
+    # 5.0; 32 x 128: 3.6; the CUDA scan 4.5).
     rank_sb: int
     rank_warps: int
     scan_eb: int
     scan_bb: int
     scan_warps: int
     # 1 (default): the scan and the copy are programmatic dependent launches where the device has
-    # them (compute capability >= 9; not the interpreter), see triton_kernels.py; 0: plain launches
+    # them (compute capability >= 9; not the interpreter), see triton_kernels.py; 0: plain launches.
+    # H200, same run, 64 x 64 scan: permute median 154.4 us with, 156.1 without.
     pdl: int
 
 
 DEFAULT_KNOBS = Knobs(*(int(os.environ.get(f"MOEBENCH_TRITON_{k.upper()}", v)) for k, v in
                         (("copy_bh", 1024), ("copy_warps", 4), ("unperm_bh", 1024), ("unperm_warps", 4),
                          ("copy_tma", 0), ("copy_cs", 1), ("rank_sb", 256), ("rank_warps", 4),
-                         ("scan_eb", 64), ("scan_bb", 64), ("scan_warps", 4), ("pdl", 1))))
+                         ("scan_eb", 16), ("scan_bb", 128), ("scan_warps", 4), ("pdl", 1))))
 
 
 def knobs(variant: str = "") -> Knobs:

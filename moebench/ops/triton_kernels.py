@@ -4,10 +4,10 @@ Permute runs in three launches, no host sync before the copy:
 1. ``_route_rank``: slots split in blocks of SB; per block, a sort of (expert, slot) keys gives
    each slot its stable rank among the block's slots of the same expert, and a histogram the
    block's per-expert counts.
-2. ``_route_scan``: one program per EB experts (knob ``scan_eb``) turns the [NB, E] counts into each block's first
-   row per expert; the last program to finish scans the totals: expert starts (padded to
-   ``pad_multiple``), tokens per expert, and the row count (also stored to a pinned host slot,
-   so the host waits on one event, not a copy).
+2. ``_route_scan``: one program per EB experts (knob ``scan_eb``) turns the [NB, E] counts into
+   each block's first row per expert; the last program to finish scans the totals: expert
+   starts (padded to ``pad_multiple``), tokens per expert, and the row count (also stored to a
+   pinned host slot, so the host waits on one event, not a copy).
 3. ``_permute_copy``: one program per token reads its row once and stores it to its K rows
    (row = expert start + block base + rank), writing row_map on the way; fp8 scales and the
    routing probabilities (HAS_P: probs[t, k] to row ``row_map[t, k]``, fp32) ride along.
