@@ -10,7 +10,8 @@
 # route (Triton index-kernel knobs, and programmatic dependent launch on/off in CUDA and Triton, with
 # the kernel profile), pdl (the defaults with and without programmatic dependent launch, two
 # processes in opposite order),
-# ab-new (the new snapshot alone, twice), gpu (the whole `pytest -m gpu tests`).
+# ab-new (the new snapshot alone, twice), ab-pdl (EP 1 alltoall with the CUDA permute's PDL on and
+# off, interleaved twice), gpu (the whole `pytest -m gpu tests`).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; exec > >(tee -a "$OUT/issue16-h200.txt") 2>&1
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -76,6 +77,12 @@ ab-new)
     in_tree new timeout 150 python3 -m moebench.dispatch --ep 1 --device cuda --backend alltoall,mcore-alltoall \
       --out "$OUT/ep1-issue16-final-h200.jsonl" 2>&1 | grep -E "^(alltoall|mcore|backend)"
   done ;;
+ab-pdl)
+  for i in 1 2; do for v in "" "--knob env:MOEBENCH_CUDA_PERMUTE_VARIANT=4096"; do
+    step "ab-pdl run $i ${v:-default (PDL on)}"
+    in_tree new timeout 150 python3 -m moebench.dispatch --ep 1 --device cuda --backend alltoall --profile $v \
+      --out "$OUT/ep1-issue16-pdl-h200.jsonl" 2>&1 | grep -E "^(alltoall|backend)"
+  done; done ;;
 gpu)
   step "gpu tier"
   in_tree new timeout 320 python3 -m pytest -q -rfE -m gpu tests -p no:cacheprovider 2>&1 | tail -30 \
