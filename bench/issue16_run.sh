@@ -3,15 +3,16 @@
 # under test) and .ext/old (the commit before issue 16's second round), so an edit in the working tree
 # cannot leak in. Carry .ext/new, .ext/old and .whl (megatron-core for mcore-alltoall).
 #   NEW_SHA=<sha> OLD_SHA=<sha> bash bench/issue16_run.sh STEP...
+# Runs 7-9 (bench/results/README.md) used this script at their shas, where `route` and `pdl` also ran
+# cuda@4096 and an `ab-pdl` step timed EP 1 dispatch with it: the CUDA permute's PDL, since removed
+# (no measurable gain).
 # Steps: selftest (nvcc build + run of csrc/tests/permute_selftest.cu), tests (GPU tier of the ops
 # and the timer), ab (dispatch --ep 1 alltoall + mcore-alltoall, old and new interleaved twice),
 # host (bench/alltoall_host.py with --ops-impl auto and cuda), permute (moebench.permute, CUDA vs
 # Triton, two processes in opposite order), variants (Triton copy variants with the kernel profile),
-# route (Triton index-kernel knobs, and programmatic dependent launch on/off in CUDA and Triton, with
-# the kernel profile), pdl (the defaults with and without programmatic dependent launch, two
-# processes in opposite order),
-# ab-new (the new snapshot alone, twice), ab-pdl (EP 1 alltoall with the CUDA permute's PDL on and
-# off, interleaved twice), gpu (the whole `pytest -m gpu tests`).
+# route (Triton index-kernel knobs and programmatic dependent launch on/off, with the kernel
+# profile), pdl (the defaults, and Triton without programmatic dependent launch, two processes in
+# opposite order), ab-new (the new snapshot alone, twice), gpu (the whole `pytest -m gpu tests`).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; exec > >(tee -a "$OUT/issue16-h200.txt") 2>&1
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -58,13 +59,13 @@ variants)
 route)
   step "permute route knobs (kernel profile)"
   P=triton@1024:4:1024:4:0:1   # copy knobs at their defaults; then SB:RW:EB:BB:SW:PDL
-  V=cuda,cuda@4096,triton; for r in 256:4:64:64:4:0 256:8:64:64:4:0 256:2:64:64:4:0 256:1:64:64:4:0 512:8:64:64:4:0 \
+  V=cuda,triton; for r in 256:4:64:64:4:0 256:8:64:64:4:0 256:2:64:64:4:0 256:1:64:64:4:0 512:8:64:64:4:0 \
     1024:8:64:64:4:0 256:4:32:128:4:0 256:4:16:128:4:0 256:4:32:128:8:0 256:4:16:128:2:0 256:4:64:128:8:0 \
     256:4:32:64:4:0 256:4:64:64:4:1 256:8:16:128:4:1 512:8:32:128:4:1; do V=$V,$P:$r; done
   in_tree new timeout 300 python3 -m moebench.permute --shapes 4096x7168x8x256 --ops permute,permute_wait \
     --ops-impl $V --iters 40 --profile --out "$OUT/permute-issue16-route-h200.jsonl" 2>&1 | grep -vi warn ;;
 pdl)
-  F=cuda,cuda@4096,triton,triton@1024:4:1024:4:0:1:256:4:16:128:4:0   # the defaults, then without PDL
+  F=cuda,triton,triton@1024:4:1024:4:0:1:256:4:16:128:4:0   # the defaults, then Triton without PDL
   for order in $F $(echo $F | tr , '\n' | tac | paste -sd,); do
     step "permute PDL on/off $order"
     in_tree new timeout 200 python3 -m moebench.permute --shapes 4096x7168x8x256,16384x7168x8x256 \
@@ -77,12 +78,6 @@ ab-new)
     in_tree new timeout 150 python3 -m moebench.dispatch --ep 1 --device cuda --backend alltoall,mcore-alltoall \
       --out "$OUT/ep1-issue16-final-h200.jsonl" 2>&1 | grep -E "^(alltoall|mcore|backend)"
   done ;;
-ab-pdl)
-  for i in 1 2; do for v in "" "--knob env:MOEBENCH_CUDA_PERMUTE_VARIANT=4096"; do
-    step "ab-pdl run $i ${v:-default (PDL on)}"
-    in_tree new timeout 150 python3 -m moebench.dispatch --ep 1 --device cuda --backend alltoall --profile $v \
-      --out "$OUT/ep1-issue16-pdl-h200.jsonl" 2>&1 | grep -E "^(alltoall|backend)"
-  done; done ;;
 gpu)
   step "gpu tier"
   in_tree new timeout 320 python3 -m pytest -q -rfE -m gpu tests -p no:cacheprovider 2>&1 | tail -30 \

@@ -25,7 +25,6 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
-#include <utility>
 
 namespace {
 
@@ -42,38 +41,6 @@ int fail(const char* what, cudaError_t e = cudaSuccess) {
     cudaError_t e_ = cudaGetLastError();           \
     if (e_ != cudaSuccess) return fail(what, e_);  \
   } while (0)
-
-// Programmatic dependent launch (sm_90+): a kernel launched with the programmatic stream
-// serialization attribute may start once every block of the kernel before it has called
-// pdl_trigger (or exited); pdl_wait then blocks until that kernel has finished and its stores are
-// visible. Both are no-ops in a kernel launched without the attribute, and below sm_90.
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// kern<<<grid, block, smem, st>>>(args...), as a programmatic dependent launch when pdl
-template <typename... P, typename... A>
-cudaError_t launch_ex(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl,
-                      A&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kern, std::forward<A>(args)...);
-}
 
 constexpr int kWarps = 8;        // warps per block in every kernel
 constexpr int kThreads = 32 * kWarps;
@@ -139,7 +106,6 @@ __global__ void __launch_bounds__(kThreads) route_rank_kernel(const void* __rest
                                                               int32_t* __restrict__ counts,
                                                               unsigned* __restrict__ done) {
   extern __shared__ int32_t cnt[];  // [kWarps][E]: running count, then exclusive warp prefix
-  pdl_trigger();                    // route_scan's blocks may start (they wait in pdl_wait)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (blockIdx.x == 0 && threadIdx.x == 0) *done = 0;  // route_scan's arrival counter
   for (int i = threadIdx.x; i < kWarps * E; i += kThreads) cnt[i] = 0;
@@ -198,8 +164,6 @@ __global__ void __launch_bounds__(1024) route_scan_kernel(int32_t* __restrict__ 
                                                           int32_t* total_host,
                                                           int32_t* tpe_host,
                                                           unsigned* __restrict__ done) {
-  pdl_trigger();   // the copy's blocks may start: they load their first rows, then wait
-  pdl_wait();      // route_rank done, its stores visible
   __shared__ int32_t red[32][33];
   __shared__ int32_t wsum[32];
   __shared__ bool last;
@@ -392,7 +356,6 @@ __global__ void __launch_bounds__(32) permute_bulk_kernel(
       if (item < n_items) load(item, b);
     }
   }
-  pdl_wait();  // the payload loads above need nothing from the index kernels; the rest does
   for (int64_t j = 0;; ++j) {
     const int64_t item = blockIdx.x + j * gridDim.x;
     if (item >= n_items) break;
@@ -653,7 +616,6 @@ struct CopyArgs {
   int64_t T; int K, E, SB; const int32_t *lrank, *base, *estart; void *out, *sout;
   int32_t* row_map;
   const float* probs; float* out_probs;   // routing weights [T*K] -> [R], both null when not asked
-  bool pdl;                               // the bulk copy is a programmatic dependent launch
 };
 
 template <typename V, bool STREAM, int U>
@@ -717,12 +679,11 @@ int launch_bulk(const CopyArgs& a, int64_t chunk, int64_t nchunk, int dev, cudaS
   int sms = 132;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const unsigned grid = (unsigned)std::min<int64_t>(a.T * nchunk, (int64_t)sms * per_sm);
-  const cudaError_t e = launch_ex(kern, grid, 32, smem, st, a.pdl, static_cast<const uint8_t*>(a.x), a.rb,
-                                  chunk, nchunk, static_cast<const uint8_t*>(a.sx), a.sb, a.idx, a.idx64,
-                                  a.T, a.K, a.E, a.SB, a.lrank, a.base, a.estart,
-                                  static_cast<uint8_t*>(a.out), static_cast<uint8_t*>(a.sout), a.row_map,
-                                  a.probs, a.out_probs);
-  if (e != cudaSuccess) return fail("permute_bulk_kernel", e);
+  kern<<<grid, 32, smem, st>>>(static_cast<const uint8_t*>(a.x), a.rb, chunk, nchunk,
+                               static_cast<const uint8_t*>(a.sx), a.sb, a.idx, a.idx64, a.T, a.K,
+                               a.E, a.SB, a.lrank, a.base, a.estart, static_cast<uint8_t*>(a.out),
+                               static_cast<uint8_t*>(a.sout), a.row_map, a.probs, a.out_probs);
+  MOE_CHECK_LAUNCH("permute_bulk_kernel");
   return 0;
 }
 
@@ -836,10 +797,8 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
   int32_t* inv = total + 2;
   const bool idx64 = idx_bytes == 8;
 
-  int dev = 0, major = 0;
+  int dev = 0;
   cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  const bool pdl = major >= 9 && !(variant & 4096);
   HostSlots* hs = wait ? host_slots(dev) : nullptr;
   if (wait && !hs) return fail("moe_permute: cannot allocate mapped host memory");
   const unsigned slot = wait ? g_slot_next.fetch_add(1) % kSlots : 0;
@@ -858,18 +817,17 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
   switch (items) { MOE_RANK(1) MOE_RANK(2) MOE_RANK(4) MOE_RANK(8) MOE_RANK(16) }
 #undef MOE_RANK
   MOE_CHECK_LAUNCH("route_rank_kernel");
-  cudaError_t e_scan = launch_ex(route_scan_kernel, dim3((unsigned)cdiv(E, 32)), dim3(32, 32), 0, stream, pdl,
-                                 base, NB, E, pad, tpe, estart, ecount, total, host_total,
-                                 wait ? host_tpe : nullptr, done);
-  if (e_scan != cudaSuccess) return fail("route_scan_kernel", e_scan);
+  route_scan_kernel<<<(unsigned)cdiv(E, 32), dim3(32, 32), 0, stream>>>(base, NB, E, pad, tpe, estart,
+                                                                     ecount, total, host_total,
+                                                                     wait ? host_tpe : nullptr, done);
+  MOE_CHECK_LAUNCH("route_scan_kernel");
   if (wait) {
     cudaError_t e = cudaEventRecord(hs->ev[slot], stream);
     if (e != cudaSuccess) return fail("moe_permute: event record", e);
   }
   if (T > 0) {
     const CopyArgs a{x, x_row_bytes, scales, scales ? s_row_bytes : 0, idx, idx64, T, K, E, SB,
-                     lrank, base, estart, out, out_scales, row_map, probs, probs ? out_probs : nullptr,
-                     pdl};
+                     lrank, base, estart, out, out_scales, row_map, probs, probs ? out_probs : nullptr};
     int rc = (variant & 256) ? gather_copy(a, NB, ecount, inv, variant, dev, stream) : 1;
     if (rc == 1) rc = (variant & 16) ? 1 : bulk_copy(a, variant, dev, stream);
     if (rc < 0 || (rc == 1 && warp_copy(a, variant, stream) < 0)) return -1;

@@ -30,9 +30,7 @@ size_t moe_permute_workspace_bytes(int64_t n_slots, int E, int pad);
 // Warp copy: bit 0 = streaming loads/stores, bit 1 = 8 vectors per lane in flight, not 4,
 // bits 2-3 = 1, 2, 4 or 8 warps per token. bit 8 = gather in destination order by token tile
 // (csrc/permute_gather.cuh; 16-byte rows): bit 9 = plain stores, not streaming, bits 10-11 =
-// tiles of 512 (0), 128, 2048 or 8192 tokens. bit 12 = plain launches: by default (sm_90+) the scan
-// and the bulk copy are programmatic dependent launches (each starts while the kernel before it
-// finishes; the copy loads its first rows before it waits for the index kernels).
+// tiles of 512 (0), 128, 2048 or 8192 tokens.
 int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int64_t s_row_bytes,
                     const void* idx, int idx_bytes, int64_t T, int K, int E, int pad, void* out,
                     void* out_scales, int32_t* row_map, int32_t* tokens_per_expert,
