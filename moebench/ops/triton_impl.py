@@ -16,9 +16,8 @@ except ImportError:  # pragma: no cover - Triton without host-side tensor descri
     TensorDescriptor = None
 
 from .triton_launch import launch
-from .triton_kernels import gdc_wait
 from .triton_kernels import (_permute_copy, _permute_copy_tma, _route_rank, _route_scan, _sort_chunks,
-                             _unpermute, _zero_pad)
+                             _unpermute, _zero_pad, gdc_wait)
 
 class Knobs(NamedTuple):
     """Tunables (per-kernel block sizes). impl "triton@BH:WARPS:UBH:UWARPS:TMA:CS:SB:RW:EB:BB:SW:PDL"
@@ -52,7 +51,8 @@ class Knobs(NamedTuple):
     scan_warps: int
     # 1 (default): the scan and the copy are programmatic dependent launches where the device has
     # them (compute capability >= 9; not the interpreter), see triton_kernels.py; 0: plain launches.
-    # H200, same run, 64 x 64 scan: permute median 154.4 us with, 156.1 without.
+    # H200 permute medians at T 4096: 154.4 us with, 156.1 without (64 x 64 scan, one process);
+    # 151-152 with, 155 without (16 x 128, two processes; bench/results/permute-issue16-pdl-h200.jsonl).
     pdl: int
 
 
@@ -115,7 +115,7 @@ class _Layout(NamedTuple):
 
 
 @functools.lru_cache(maxsize=256)
-def _layout(n: int, E: int, rank_sb: int = 256, scan_eb: int = 64) -> _Layout:
+def _layout(n: int, E: int, rank_sb: int, scan_eb: int) -> _Layout:
     """scan_eb experts per scan program (one program for all took 16.4 us at E 256 on the H200, 10%
     of the permute at T 4096)."""
     SB = min(4096, max(rank_sb, _pow2(-(-n // 128))))

@@ -85,12 +85,18 @@ def key(fn, num_warps: int, args, device: int = 0, pdl: bool = False) -> tuple:
             *map(_spec, compress(args, other)))
 
 
+def _compile_and_launch(fn, grid, num_warps, args, pdl):
+    """Triton's own path: fn[grid](*args, num_warps=num_warps[, launch_pdl=True])."""
+    if pdl:
+        return fn[grid](*args, num_warps=num_warps, launch_pdl=True)
+    return fn[grid](*args, num_warps=num_warps)
+
+
 def launch(fn, grid: tuple, num_warps: int, *args, pdl: bool = False) -> None:
     """fn[grid](*args, num_warps=num_warps[, launch_pdl=True]), launched directly once the kernel
     is compiled."""
-    opts = dict(num_warps=num_warps, launch_pdl=True) if pdl else dict(num_warps=num_warps)
     if _INTERPRET or not _DIRECT:
-        fn[grid](*args, **opts)
+        _compile_and_launch(fn, grid, num_warps, args, pdl)
         return
     dev = torch.cuda.current_device()     # Triton launches on the current device, so do we
     try:
@@ -99,7 +105,7 @@ def launch(fn, grid: tuple, num_warps: int, *args, pdl: bool = False) -> None:
         k = None
     entry = _cache.get(k) if k is not None else None
     if entry is None or _hooks_set():
-        kernel = fn[grid](*args, **opts)
+        kernel = _compile_and_launch(fn, grid, num_warps, args, pdl)
         if hasattr(kernel, "result"):     # an asynchronous compile's future
             kernel = kernel.result()
         if k is not None and kernel is not None:
