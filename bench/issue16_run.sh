@@ -12,7 +12,8 @@
 # Triton, two processes in opposite order), variants (Triton copy variants with the kernel profile),
 # route (Triton index-kernel knobs and programmatic dependent launch on/off, with the kernel
 # profile), pdl (the defaults, and Triton without programmatic dependent launch, two processes in
-# opposite order), ab-new (the new snapshot alone, twice), gpu (the whole `pytest -m gpu tests`).
+# opposite order), ab-new (the new snapshot alone, twice), drift (EP 1 alltoall, 60 samples, four
+# processes, GPU clocks logged every 250 ms), gpu (the whole `pytest -m gpu tests`).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; exec > >(tee -a "$OUT/issue16-h200.txt") 2>&1
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -78,6 +79,15 @@ ab-new)
     in_tree new timeout 150 python3 -m moebench.dispatch --ep 1 --device cuda --backend alltoall,mcore-alltoall \
       --out "$OUT/ep1-issue16-final-h200.jsonl" 2>&1 | grep -E "^(alltoall|mcore|backend)"
   done ;;
+drift)
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 250 \
+    > "$OUT/issue16-drift-clocks.csv" & SMI=$!
+  for i in 1 2 3 4; do
+    step "drift run $i"
+    in_tree new timeout 150 python3 -m moebench.dispatch --ep 1 --device cuda --backend alltoall --iters 60 \
+      --out "$OUT/ep1-issue16-drift-h200.jsonl" 2>&1 | grep -E "^(alltoall|backend)"
+  done
+  kill $SMI ;;
 gpu)
   step "gpu tier"
   in_tree new timeout 320 python3 -m pytest -q -rfE -m gpu tests -p no:cacheprovider 2>&1 | tail -30 \
