@@ -91,10 +91,6 @@ def _stream(dev: torch.device) -> int:
     return torch._C._cuda_getCurrentRawStream(dev.index if dev.index is not None else torch.cuda.current_device())
 
 
-def _contig(t: Tensor) -> Tensor:
-    return t if t.is_contiguous() else t.contiguous()
-
-
 def _up4(n: int) -> int:
     return (n + 3) & ~3
 
@@ -140,8 +136,8 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
         from . import triton_impl  # outside the CUDA kernels' limits
         res = triton_impl.permute(x_TH, topk_idx_TK, E, scales_TS, pad_multiple, num_out_rows, "", probs_TK)
         return (*res, res[3].tolist()) if host_counts else res
-    x = _contig(x_TH)
-    idx = _contig(topk_idx_TK)
+    x = x_TH.contiguous()
+    idx = topk_idx_TK.contiguous()
     if idx.dtype not in (torch.int32, torch.int64):
         idx = idx.long()
     dev = x.device
@@ -150,9 +146,9 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
     out = torch.empty((r_max, x.shape[1]), dtype=x.dtype, device=dev)
     s = out_s = None
     if scales_TS is not None:
-        s = _contig(scales_TS)
+        s = scales_TS.contiguous()
         out_s = torch.empty((r_max, s.shape[1]), dtype=s.dtype, device=dev)
-    p = None if probs_TK is None else _contig(probs_TK if probs_TK.dtype == torch.float32 else probs_TK.float())
+    p = None if probs_TK is None else (probs_TK if probs_TK.dtype == torch.float32 else probs_TK.float()).contiguous()
     # the workspace rides in row_map's allocation, 16-byte aligned (each allocation costs microseconds
     # of host time); the outputs keep their own storage (a custom op's outputs must not alias)
     n = T * K
@@ -183,16 +179,16 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
 
 def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor, variant: str = "") -> Tensor:
     T, K = row_map_TK.shape
-    y = _contig(y_RH)
+    y = y_RH.contiguous()
     H = y.shape[1]
     if y.dtype not in _DTYPE or K > 32:
         from . import triton_impl
         return triton_impl.unpermute(y_RH, row_map_TK, topk_w_TK)
-    w = _contig(topk_w_TK)
+    w = topk_w_TK.contiguous()
     if w.dtype not in _DTYPE:
         w = w.float()
     rm = row_map_TK if row_map_TK.dtype == torch.int32 else row_map_TK.to(torch.int32)
-    rm = _contig(rm)
+    rm = rm.contiguous()
     out = torch.empty((T, H), dtype=y.dtype, device=y.device)
     if y.shape[0] == 0:
         return out.zero_()
@@ -202,7 +198,7 @@ def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor, variant: str 
 
 
 def sort_chunks_by_idxs(x_RH: Tensor, split_sizes_C: Tensor, sorted_idxs_C: Tensor) -> Tensor:
-    x = _contig(x_RH)
+    x = x_RH.contiguous()
     out = torch.empty_like(x)
     C = split_sizes_C.numel()
     if C > 2048:
