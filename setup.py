@@ -27,7 +27,7 @@ def _ext_modules():
         return [], {}
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")
     ext = CUDAExtension(
-        "moebench._C", ["csrc/moe_permute.cu", "csrc/bindings.cpp"], include_dirs=["csrc"],
+        "moebench._C", ["moebench/csrc/moe_permute.cu", "moebench/csrc/bindings.cpp"], include_dirs=["moebench/csrc"],
         extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "-std=c++17"]})
     return [ext], {"build_ext": BuildExtension}
 

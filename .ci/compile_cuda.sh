@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compile check of csrc/ for sm_90a with CMake (kernels, self-test, probes). Needs no GPU.
+# Compile check of moebench/csrc/ for sm_90a with CMake (kernels, self-test, probes). Needs no GPU.
 # Exits 0 with "skipped: no nvcc" where nvcc is absent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,4 +14,4 @@ rc=0
 cmake --build "$BUILD" -j "$(nproc)" >"$BUILD/build.log" 2>&1 || rc=$?
 grep -vE "^ptxas info|^    [0-9]+ bytes stack" "$BUILD/build.log" || true
 if [[ $rc -ne 0 ]]; then echo "CUDA compile failed (rc $rc)"; exit "$rc"; fi
-echo "compiled csrc for sm_90a: $(ls "$BUILD" | grep -vE '\.(cmake|log|txt)$|CMakeFiles|Makefile' | tr '\n' ' ')"
+echo "compiled moebench/csrc for sm_90a: $(ls "$BUILD" | grep -vE '\.(cmake|log|txt)$|CMakeFiles|Makefile' | tr '\n' ' ')"

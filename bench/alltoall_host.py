@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from moebench.backends.alltoall import AlltoallBackend
-from moebench.timing import Timer, host_us, kernel_profile
-from moebench.workload import Workload, rank_inputs
+from moebench.core.workload import Workload, rank_inputs
+from moebench.harness.timing import Timer, host_us, kernel_profile
 
 T, H, K, E = (int(v) for v in sys.argv[1:5]) if len(sys.argv) >= 5 else (4096, 7168, 8, 256)
 IMPL = sys.argv[5] if len(sys.argv) >= 6 else "auto"

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from moebench import ops
-from moebench.timing import Timer
-from moebench.workload import Workload, make_routing, rank_inputs
+from moebench.core.workload import Workload, make_routing, rank_inputs
+from moebench.harness.timing import Timer
 
 
 def counts_of(idx, w, dev):

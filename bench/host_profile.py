@@ -10,7 +10,7 @@ import sys
 import torch
 
 import moebench.ops as ops
-from moebench.timing import host_us
+from moebench.harness.timing import host_us
 
 args = sys.argv[1:]
 T, H, K, E = (int(v) for v in args[:4]) if len(args) >= 4 else (8192, 2048, 8, 128)

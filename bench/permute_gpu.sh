@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU tier + benchmark of moebench.ops in one device call:
 #   JIT-build moebench._C, run tests/test_ops*.py -m gpu, then python -m moebench.permute
-#   writing $OUT/permute-h200.jsonl + .png, an fp8 pass, and the csrc/probes/fanout_bw access-
+#   writing $OUT/permute-h200.jsonl + .png, an fp8 pass, and the moebench/csrc/probes/fanout_bw access-
 #   pattern probe ($OUT/fanout-h200.jsonl). Carry .whl (megatron-core wheel) for the baseline.
 # Usage (device): bash bench/permute_gpu.sh [extra args for moebench.permute]
 set -uo pipefail
@@ -25,14 +25,14 @@ python3 -m moebench.permute --out "$OUT/permute-h200.jsonl" --plot "$OUT/permute
 python3 -m moebench.permute --dtype fp8 --ops permute --shapes 4096x7168x8x256,16384x7168x8x256 \
   --ops-impl megatron,triton,cuda --iters 30 --out "$OUT/permute-h200-fp8.jsonl" 2>&1 | tee "$OUT/permute-h200-fp8.txt"
 NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
-if "$NVCC" -O3 -arch=sm_90a -std=c++17 csrc/probes/fanout_bw.cu -o /tmp/fanout_bw; then
+if "$NVCC" -O3 -arch=sm_90a -std=c++17 moebench/csrc/probes/fanout_bw.cu -o /tmp/fanout_bw; then
   for a in "--rows 4096 --row-bytes 14336" "--rows 16384 --row-bytes 14336" "--rows 8192 --row-bytes 4096" \
            "--rows 8192 --row-bytes 8192" "--rows 4096 --row-bytes 14336 --fanout 2"; do
     /tmp/fanout_bw --fanout 8 --iters 20 $a | python3 -c "
 import json, sys
 from moebench import results
 for line in sys.stdin:
-    print(json.dumps(dict(json.loads(line), tool='csrc/probes/fanout_bw', command='fanout_bw --fanout 8 --iters 20 $a',
+    print(json.dumps(dict(json.loads(line), tool='moebench/csrc/probes/fanout_bw', command='fanout_bw --fanout 8 --iters 20 $a',
                           env=results.provenance())))"
   done | tee "$OUT/fanout-h200.jsonl"
 fi

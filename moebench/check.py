@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import checks, cli, results
+from . import checks, cli
 from .checks import baseline, output
 from .checks.registry import FAIL, REGISTRY, Context, SelectionError
+from .records import provenance
 
 
 class _Parser(argparse.ArgumentParser):
@@ -87,13 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     except SelectionError as e:
         print(f"moebench.check: error: {e}", file=sys.stderr)
         return 2
-    start = results.utc_now()
+    start = provenance.utc_now()
     print(f"# moebench.check: {len(chosen)} check(s)")
     res = checks.run(chosen, Context(args), progress=lambda r: print(_line(r), flush=True))
     c = output.counts(res)
     print(f"# {c['PASS']} PASS, {c['FAIL']} FAIL, {c['WAIVED']} WAIVED")
     if args.out:
-        output.write_json(args.out, output.to_json(res, argv, start, results.utc_now()))
+        output.write_json(args.out, output.to_json(res, argv, start, provenance.utc_now()))
     if args.junit:
         output.write_junit(args.junit, res)
     return 1 if any(r.status == FAIL for r in res) else 0

@@ -58,31 +58,3 @@ def output_problem(path: str | None, flag: str) -> str:
 def first_output_problem(pairs) -> str:
     """The first problem of several (path, flag) outputs, or ''."""
     return next((m for m in (output_problem(p, f) for p, f in pairs) if m), "")
-
-
-def sig3(v) -> str:
-    """A figure for a table (GB/s, us, fractions): three significant digits whatever its size
-    (0.00213, 2.13, 213, 2130); '-' for None, 'nan' for NaN, other values as str."""
-    if v is None:
-        return "-"
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return str(v)
-    if v != v:
-        return "nan"
-    if v == 0:
-        return "0"
-    if abs(v) >= 100:
-        return f"{float(f'{v:.3g}'):.0f}"
-    return f"{v:#.3g}".rstrip(".") if "e" not in f"{v:#.3g}" else f"{v:.3g}"
-
-
-def shorten(text: str, width: int) -> str:
-    """TEXT cut to at most WIDTH characters at a word boundary, ending in '...' when cut (a single
-    word longer than half the width is cut inside); the records keep the whole text."""
-    if len(text) <= width:
-        return text
-    cut = text[: width - 3]
-    space = cut.rfind(" ")
-    if space >= width // 2:
-        cut = cut[:space]
-    return cut.rstrip(" ,;:([") + "..."

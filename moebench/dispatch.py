@@ -8,18 +8,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import cli, record, results, spec, sweep
-from .launch import joined_env
-from .runner import run_case
-from .spec import RunSpec
-from .workload import WorkloadError
+from . import cli
+from .core.workload import WorkloadError
+from .harness import spec, sweep
+from .harness.launch import joined_env
+from .harness.runner import run_case
+from .harness.spec import RunSpec
+from .records import schema, tables, writer
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m moebench.dispatch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    spec.add_args(p)        # the flags of one run (moebench/spec.py)
-    sweep.add_args(p)       # --sweep NAME, --knob-sweep, --max-cases, --redo-failed (moebench/sweep.py)
+    spec.add_args(p)        # the flags of one run (moebench/harness/spec.py)
+    sweep.add_args(p)       # --sweep NAME, --knob-sweep, --max-cases, --redo-failed (moebench/harness/sweep.py)
     return p
 
 
@@ -46,15 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     records = run_case(run, list(sys.argv[1:] if argv is None else argv), progress=say)
     if joined is not None and joined[0] != 0:
         return 0
-    print(results.format_table(records))
-    results.write_jsonl(args.out, records)
+    print(tables.format_table(records))
+    writer.write_jsonl(args.out, records)
     print(f"# {len(records)} records appended to {args.out}")
     if run.device == "cpu":
         print("# CPU/gloo run: the times above are functional only, not performance figures")
     elif run.ranks_per_gpu > 1:
         print("# shared-GPU run: ranks time-slice one GPU; the times above are functional only, "
               "not performance figures")
-    failed = sorted({record.name(r) for r in records if record.status(r) == "FAIL"})
+    failed = sorted({schema.name(r) for r in records if schema.status(r) == "FAIL"})
     if failed:
         print(f"# FAIL: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

@@ -24,10 +24,11 @@ import warnings
 import torch
 
 import moebench.ops as ops
-from moebench import cli, results
-from moebench.record import PermuteRecord
-from moebench.timing import Timer, host_us, kernel_profile, write_trace
-from moebench.workload import Workload, WorkloadError, rank_inputs
+from moebench import cli
+from moebench.core.workload import Workload, WorkloadError, rank_inputs
+from moebench.harness.timing import Timer, host_us, kernel_profile, write_trace
+from moebench.records import provenance, tables, writer
+from moebench.records.schema import PermuteRecord
 
 DEFAULT_SHAPES = "4096x7168x8x256,16384x7168x8x256,8192x2048x8x128,8192x4096x8x128"
 CPU_SHAPES = "64x128x4x8"
@@ -222,7 +223,7 @@ def run_shape(shape, a, timer, copy_GBps, device, prov, cmd, where=""):
                  + ("" if ok else ": WAIVED"))
         base = dict(command=cmd, functional=not timer.cuda,
                     shape=dict(T=T, H=H, K=K, E=E, R=R, dtype=a.dtype), impl=spec, env=prov,
-                    copy_GBps=round(copy_GBps, 1), start_utc=results.utc_now())
+                    copy_GBps=round(copy_GBps, 1), start_utc=provenance.utc_now())
         if not ok:
             recs += [dict(base, op=op, check=dict(status="WAIVED", error=why)) for op in a.op_list]
             continue
@@ -249,7 +250,7 @@ def run_shape(shape, a, timer, copy_GBps, device, prov, cmd, where=""):
                 if a.trace and timer.cuda:
                     os.makedirs(a.trace, exist_ok=True)
                     write_trace(timer, fn, os.path.join(a.trace, f"{spec}-{op}-{T}x{H}x{K}x{E}.json"))
-            rec["end_utc"] = results.utc_now()
+            rec["end_utc"] = provenance.utc_now()
             recs.append(rec)
     for r in recs:  # speedup over megatron, same shape and op (its permute for permute_wait)
         mop = "permute" if r["op"].startswith("permute") else r["op"]
@@ -266,8 +267,8 @@ def format_table(recs) -> str:
         s = r["shape"]
         t = r.get("timing", {})
         rows.append([f"{s['T']}x{s['H']}x{s['K']}x{s['E']}", r["op"], r["impl"],
-                     cli.sig3(t['median_us']) if t else "-", cli.sig3(r['GBps']) if t else "-",
-                     cli.sig3(r['frac_of_copy']) if t else "-",
+                     tables.sig3(t['median_us']) if t else "-", tables.sig3(r['GBps']) if t else "-",
+                     tables.sig3(r['frac_of_copy']) if t else "-",
                      f"{r['speedup_vs_megatron']:.2f}" if "speedup_vs_megatron" in r else "-",
                      r["check"]["status"] + (f" ({r['check']['error'][:60]})" if r["check"]["error"] else "")])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
@@ -320,8 +321,8 @@ def main(argv=None) -> int:
         return 2
     if device.type == "cpu":
         print("# CPU run: functional check only; CPU times are not performance figures")
-    cmd = results.repro_command(argv, "moebench.permute")
-    prov = results.provenance()
+    cmd = provenance.repro_command(argv, "moebench.permute")
+    prov = provenance.provenance()
     timer = Timer(device, flush_l2=not a.no_flush_l2)
     bw = bandwidths(timer, a)
     copy_GBps = bw["copy_GBps"]
@@ -336,7 +337,7 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     print(format_table(recs))
     if a.out:
-        results.write_jsonl(a.out, recs)
+        writer.write_jsonl(a.out, recs)
         print(f"# {len(recs)} records appended to {a.out}")
     if a.plot:
         plot(recs, copy_GBps, a.plot)

@@ -5,8 +5,8 @@ size ETP (default: TP) innermost, so one EP group is the ranks base + i*ETP, i <
 ETP*EP consecutive ranks. With G GPUs per node (one NVLink domain), EP rank i sits on node
 i // (G / ETP); a group leaves the domain when ETP*EP > G.
 
-The per-rank counts come from the routing generators (moebench.workload) and the byte rule
-(moebench.traffic.traffic_of with that gpus_per_node), not from a formula: every EP rank's routing
+The per-rank counts come from the routing generators (moebench.core.workload) and the byte rule
+(moebench.core.traffic.traffic_of with that gpus_per_node), not from a formula: every EP rank's routing
 is generated and its (token, destination rank) pairs are counted, split into local, NVLink (same
 node) and network (other node). Dispatch receives the column sums of the pair matrix; combine sends
 the same pairs back (bf16), so a rank receives its own tokens' pairs: the row sums. Large EP runs
@@ -14,7 +14,7 @@ on a sample of tokens per rank and scales the counts (the split is a per-token p
 
 Predicted time of a phase = max over ranks of max(NVLink bytes / NVLink GB/s, network bytes /
 network GB/s): both link kinds run at once, the slowest rank sets the pace. Link speeds are the
-nominal ceilings (moebench.ceilings) or the effective busbw of measured results (--results).
+nominal ceilings (moebench.core.ceilings) or the effective busbw of measured results (--results).
 """
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ import sys
 
 import torch
 
-from . import ceilings, record, traffic
-from .spec import check_options
-from .workload import DTYPES, Workload, WorkloadError, make_routing
+from .core import ceilings, traffic
+from .core.workload import DTYPES, Workload, WorkloadError, make_routing
+from .harness.spec import check_options
+from .records import schema
 
 SAMPLE_BUDGET = 1 << 25        # routing scores generated at most (EP ranks x tokens x experts)
 LINK_RULES = (("nvlink_gbps", 0, "must be > 0"), ("net_gbps", 0, "must be > 0"), ("sample_budget", 1, "must be >= 1"))
@@ -111,12 +112,12 @@ def measured_links(records: list[dict], w: Workload) -> dict:
     """Effective GB/s per backend from results: NVLink-only rows give busbw, cross-node rows net GB/s.
     Rows with the workload's H, K and dtype are preferred; among them the T nearest the workload's."""
     out: dict = {}
-    good = [r for r in records if record.timed(r) and r.get("phase") in record.PHASES
-            and record.traffic(r).get("bus_bytes")]
+    good = [r for r in records if schema.timed(r) and r.get("phase") in schema.PHASES
+            and schema.traffic(r).get("bus_bytes")]
     same = [r for r in good if all(r["workload"].get(k) == getattr(w, k) for k in ("hidden", "topk", "dtype"))]
     for r in sorted(same or good, key=lambda r: abs(r["workload"]["num_tokens"] - w.num_tokens), reverse=True):
         tr = r["traffic"]
-        d = out.setdefault(record.name(r), {}).setdefault(r["phase"], {})
+        d = out.setdefault(schema.name(r), {}).setdefault(r["phase"], {})
         if tr.get("net_bytes"):
             d["net_GBps"] = tr.get("net_GBps")
         else:
@@ -249,11 +250,11 @@ def _read(paths: list[str]) -> list[dict]:
     """The records of --results that are measurements: CPU and shared-GPU records are functional only
     (left out with a note; refused when nothing else is there)."""
     try:
-        recs = record.read_dispatch(paths)
+        recs = schema.read_dispatch(paths)
     except OSError as e:
         raise WorkloadError(str(e)) from None
-    if recs and not (recs := record.performance_only(recs, "plan --results")):
-        raise WorkloadError(f"--results: every record is {record.FUNCTIONAL_NOTE}: measure on the target GPUs "
+    if recs and not (recs := schema.performance_only(recs, "plan --results")):
+        raise WorkloadError(f"--results: every record is {schema.FUNCTIONAL_NOTE}: measure on the target GPUs "
                             "or leave --results out (nominal link speeds)")
     return recs
 

@@ -27,12 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cli, knobs, record
-from .cli import sig3
-from .record import PHASES, read_dispatch
-from .workload import describe
+from . import cli
+from .core.workload import describe
+from .records import knobs, schema
+from .records.plots import METRICS, PlotError, plot_bandwidth, plot_overlap
+from .records.schema import PHASES, read_dispatch
+from .records.tables import shorten, sig3
 
-METRICS = ("busbw", "algbw", "wirebw", "nvlink", "net")
 Z95 = 1.959964
 
 
@@ -40,36 +41,7 @@ class ReportError(ValueError):
     """Bad input: one line on stderr, exit 2."""
 
 
-def family(w: dict) -> str:
-    return describe(w, tokens=False)
-
-
-def knob_str(r: dict) -> str:
-    short = lambda k: k.replace("env:NUM_OF_TOKENS_PER_CHUNK_", "chunk_").replace("_API", "").lower()  # noqa: E731
-    return " ".join(f"{short(k)}={v}" for k, v in sorted(knobs.knobs_of(r).items()))
-
-
-def latest(records: list[dict]) -> list[dict]:
-    """One record per (workload, backend, knobs, phase, device, GPU): the last one read wins, tagged
-    `_runs` with how many runs of that case were read (tables say so; --compare pools them all)."""
-    seen, runs = {}, {}
-    for r in records:
-        key = (json.dumps(r["workload"], sort_keys=True), record.name(r), knob_str(r), r.get("phase"),
-               r.get("device"), record.gpu(r))
-        seen[key] = r
-        runs[key] = runs.get(key, 0) + 1
-    return [{**r, "_runs": runs[k]} for k, r in seen.items()]
-
-
 REPEATS_NOTE = "rows marked [last of N runs] show the case's last run; --compare pools every run of a case"
-
-
-def _f(v, nd=None) -> str:
-    """Times, GB/s and fractions: three significant digits (cli.sig3)."""
-    return sig3(v)
-
-
-_gb = _f
 
 
 TABLE_HEAD = ("T", "backend", "knobs", "phase", "median us", "p10-p90 us", "algbw GB/s", "busbw GB/s",
@@ -77,25 +49,25 @@ TABLE_HEAD = ("T", "backend", "knobs", "phase", "median us", "p10-p90 us", "algb
 
 
 def _row(r: dict) -> list[str]:
-    t, tr = record.timing(r), record.traffic(r)
-    spread = f"{_f(t.get('p10_us'))}-{_f(t.get('p90_us'))}" if t.get("p10_us") is not None else "-"
-    check = record.status(r) + (f" ({cli.shorten(record.error(r), 60)})" if record.error(r) else "")
+    t, tr = schema.timing(r), schema.traffic(r)
+    spread = f"{sig3(t.get('p10_us'))}-{sig3(t.get('p90_us'))}" if t.get("p10_us") is not None else "-"
+    check = schema.status(r) + (f" ({shorten(schema.error(r), 60)})" if schema.error(r) else "")
     check += f" [last of {r['_runs']} runs]" if r.get("_runs", 1) > 1 else ""
-    return [str(r["workload"]["num_tokens"]), record.name(r), knob_str(r) or "-", r["phase"],
-            _f(t.get("median_us")), spread, _gb(tr.get("algbw_GBps")), _gb(tr.get("busbw_GBps")),
-            _f(tr.get("frac_of_ceiling"), 3), _f(tr.get("frac_of_measured"), 3), check]
+    return [str(r["workload"]["num_tokens"]), schema.name(r), schema.knob_str(r) or "-", r["phase"],
+            sig3(t.get("median_us")), spread, sig3(tr.get("algbw_GBps")), sig3(tr.get("busbw_GBps")),
+            sig3(tr.get("frac_of_ceiling")), sig3(tr.get("frac_of_measured")), check]
 
 
 def _groups(records: list[dict]) -> dict[str, list[dict]]:
     phase_order = {p: i for i, p in enumerate(PHASES)}
     out: dict[str, list[dict]] = {}
-    for r in sorted(records, key=lambda r: (family(r["workload"]), r["workload"]["num_tokens"],
-                                            record.name(r), knob_str(r),
+    for r in sorted(records, key=lambda r: (describe(r["workload"], tokens=False), r["workload"]["num_tokens"],
+                                            schema.name(r), schema.knob_str(r),
                                             phase_order.get(r["phase"], 9), r["phase"])):
         env, shared = r.get("env") or {}, r.get("shared_gpu") or {}
         where = f"{r.get('device')}" + (f", {env['gpu']}" if env.get("gpu") else "") + (
             f", {shared['ranks_per_gpu']} ranks per GPU: functional only" if shared else "")
-        out.setdefault(f"{family(r['workload'])} ({where})", []).append(r)
+        out.setdefault(f"{describe(r['workload'], tokens=False)} ({where})", []).append(r)
     return out
 
 
@@ -103,13 +75,13 @@ def tables(records: list[dict], markdown: bool = False) -> str:
     """Tables grouped by shape family and device, rows sorted by T, backend, knobs, phase."""
     from tabulate import tabulate
     parts = []
-    for title, recs in _groups(latest(records)).items():
+    for title, recs in _groups(schema.latest(records)).items():
         parts.append(("### " if markdown else "# ") + title)
         parts.append(tabulate([_row(r) for r in recs], headers=TABLE_HEAD,
                               tablefmt="github" if markdown else "simple", disable_numparse=True))
         if any(r.get("_runs", 1) > 1 for r in recs):
             parts.append(("" if markdown else "# ") + REPEATS_NOTE)
-        if any(record.is_functional(r) for r in recs):
+        if any(schema.is_functional(r) for r in recs):
             parts.append(("" if markdown else "# ") + "rows on CPU/gloo or shared-GPU ranks: functional only, "
                          "not performance figures")
         parts.append("")
@@ -163,8 +135,8 @@ def _best_by_key(records: list[dict], key) -> dict:
     """key(record) -> records of the knob setting with the lowest median at that key."""
     groups: dict = {}
     for r in records:
-        if record.timed(r) and r["phase"] in PHASES:
-            groups.setdefault(key(r), {}).setdefault(knob_str(r), []).append(r)
+        if schema.timed(r) and r["phase"] in PHASES:
+            groups.setdefault(key(r), {}).setdefault(schema.knob_str(r), []).append(r)
     return {k: min(v.values(), key=lambda rs: float(np.median([r["timing"]["median_us"] for r in rs])))
             for k, v in groups.items()}
 
@@ -174,17 +146,17 @@ def compare(recs_a: list[dict], recs_b: list[dict], min_effect: float = 0.01, by
     else two runs, matched on workload, backend and phase. Returns {rows, only_a, only_b}."""
     def key(r):
         k = (json.dumps(r["workload"], sort_keys=True), r["phase"])
-        return k if by_backend else k + (record.name(r),)
+        return k if by_backend else k + (schema.name(r),)
     a, b = _best_by_key(recs_a, key), _best_by_key(recs_b, key)
     rows = []
-    for k in sorted(set(a) & set(b), key=lambda k: (family(json.loads(k[0])), json.loads(k[0])["num_tokens"],
+    for k in sorted(set(a) & set(b), key=lambda k: (describe(json.loads(k[0]), tokens=False), json.loads(k[0])["num_tokens"],
                                                    k[2:], PHASES.index(k[1]))):
         sa, sb = side(a[k]), side(b[k])
         ratio, lo, hi, method = ratio_interval(sa, sb)
         w = json.loads(k[0])
-        rows.append({"family": family(w), "num_tokens": w["num_tokens"], "phase": k[1],
-                     "backend_a": record.name(a[k][0]), "backend_b": record.name(b[k][0]),
-                     "knobs_a": knob_str(a[k][0]), "knobs_b": knob_str(b[k][0]),
+        rows.append({"family": describe(w, tokens=False), "num_tokens": w["num_tokens"], "phase": k[1],
+                     "backend_a": schema.name(a[k][0]), "backend_b": schema.name(b[k][0]),
+                     "knobs_a": schema.knob_str(a[k][0]), "knobs_b": schema.knob_str(b[k][0]),
                      "a_median_us": sa["median"], "b_median_us": sb["median"], "ratio": ratio,
                      "ci_low": lo, "ci_high": hi, "noise": method,
                      "verdict": verdict(ratio, lo, hi, min_effect)})
@@ -200,7 +172,7 @@ def format_compare(res: dict, label_a: str, label_b: str, markdown: bool = False
         be = r["backend_a"] if r["backend_a"] == r["backend_b"] else f"{r['backend_a']} vs {r['backend_b']}"
         knobs = {r["knobs_a"], r["knobs_b"]} - {""}
         rows.append([r["family"], r["num_tokens"], be + (f" [{' / '.join(sorted(knobs))}]" if knobs else ""),
-                     r["phase"], _f(r["a_median_us"]), _f(r["b_median_us"]), f"{r['ratio']:.3f}",
+                     r["phase"], sig3(r["a_median_us"]), sig3(r["b_median_us"]), f"{r['ratio']:.3f}",
                      f"{r['ci_low']:.3f}-{r['ci_high']:.3f}", r["verdict"], r["noise"]])
     out = [tabulate(rows, headers=head, tablefmt="github" if markdown else "simple", disable_numparse=True)]
     counts = {v: sum(r["verdict"] == v for r in res["rows"]) for v in ("faster", "slower", "within noise")}
@@ -210,100 +182,11 @@ def format_compare(res: dict, label_a: str, label_b: str, markdown: bool = False
     out.append(f"{'' if markdown else '# '}each side pools every run of a case (all their per-iteration samples)")
     if res.get("left_out_functional"):
         out.append(f"{'' if markdown else '# '}left out {res['left_out_functional']} record(s) that are "
-                   f"{record.FUNCTIONAL_NOTE}: no verdict above is on them")
+                   f"{schema.FUNCTIONAL_NOTE}: no verdict above is on them")
     if any(r["noise"] != "bootstrap" for r in res["rows"]):
         out.append(f"{'' if markdown else '# '}NOTE: some records carry no timing.samples_us; their noise band "
                    "is a normal approximation from the p10/p90 spread, not a bootstrap")
     return "\n".join(out)
-
-
-# ---- plot ----------------------------------------------------------------------------------------
-
-def _series(recs: list[dict], metric: str) -> dict[str, tuple[list, list]]:
-    """backend label -> (tokens, best GB/s over knob settings and repeats)."""
-    per: dict = {}
-    settings: dict = {}
-    for r in recs:
-        v = record.traffic(r).get(f"{metric}_GBps")
-        if v is None:
-            continue
-        name = record.name(r)
-        settings.setdefault(name, set()).add(knob_str(r))
-        t = r["workload"]["num_tokens"]
-        per.setdefault(name, {})[t] = max(v, per.get(name, {}).get(t, 0.0))
-    out = {}
-    for name, pts in sorted(per.items()):
-        n = len(settings[name])
-        label = name + (f" (best of {n} knob settings)" if n > 1 else "")
-        out[label] = (sorted(pts), [pts[t] for t in sorted(pts)])
-    return out
-
-
-def _ceilings(recs: list[dict]) -> list[tuple[str, float, str]]:
-    """(kind, GB/s, label) for the nominal and measured ceilings recorded with these rows."""
-    out = []
-    nominal = [(r["traffic"]["ceiling_GBps"], r["traffic"].get("ceiling_source") or "nominal")
-               for r in recs if record.traffic(r).get("ceiling_GBps")]
-    if nominal:
-        v, src = max(set(nominal), key=nominal.count)
-        out.append(("nominal", v, f"nominal ceiling {_gb(v)} GB/s ({src})"))
-    measured = [r["traffic"]["measured_ceiling_GBps"] for r in recs
-                if record.traffic(r).get("measured_ceiling_GBps")]
-    if measured:
-        v = float(np.median(measured))
-        out.append(("measured", v, f"measured ceiling {_gb(v)} GB/s (all_to_all_single busbw)"))
-    return out
-
-
-def plot(records: list[dict], path: str | None = None, metric: str = "busbw"):
-    """GB/s against tokens per rank, one line per backend and the ceiling lines, one panel per
-    (shape family, phase); saved as PNG when `path` is given. Returns the matplotlib Figure."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    if metric not in METRICS:
-        raise ReportError(f"--metric must be one of {', '.join(METRICS)}")
-    recs = [r for r in latest(records) if record.timed(r) and r["phase"] in PHASES]
-    if not recs:
-        raise ReportError("no PASS records with timing to plot")
-    panels: dict = {}
-    for r in recs:
-        panels.setdefault((family(r["workload"]), r.get("device"), r["phase"]), []).append(r)
-    keys = sorted(panels, key=lambda k: (k[0], k[1] or "", PHASES.index(k[2])))
-    cols = 2 if len(keys) > 1 else 1
-    rows = math.ceil(len(keys) / cols)
-    fig = Figure(figsize=(7 * cols, 4.5 * rows))
-    FigureCanvasAgg(fig)
-    for i, key in enumerate(keys):
-        _panel(fig.add_subplot(rows, cols, i + 1), key, panels[key], metric)
-    fig.tight_layout()
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-    return fig
-
-
-def _panel(ax, key, recs: list[dict], metric: str) -> None:
-    fam, device, phase = key
-    m = metric
-    note = ""
-    if m == "busbw" and all(not (r["traffic"].get("bus_bytes") or 0) for r in recs):
-        m, note = "algbw", " (EP 1: no remote pairs)"
-    ticks = set()
-    for label, (xs, ys) in _series(recs, m).items():
-        ax.plot(xs, ys, marker="o", label=label)
-        ticks.update(xs)
-    for kind, v, label in _ceilings(recs):
-        ax.axhline(v, linestyle="--" if kind == "nominal" else ":", color="k" if kind == "nominal" else "tab:red",
-                   label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
-    ax.set_xlabel("tokens per rank")
-    ax.set_ylabel(f"{m} GB/s{note}")
-    gpu = next((record.gpu(r) for r in recs if record.gpu(r)), None)
-    where = gpu or device
-    ax.set_title(f"{phase}: {fam} [{where}]" + (" CPU: functional only" if device == "cpu" else ""), fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
 
 
 # ---- CLI -----------------------------------------------------------------------------------------
@@ -332,12 +215,12 @@ def _compare_inputs(args) -> tuple[list[dict], list[dict], str, str, bool]:
     if not args.files:
         raise ReportError(f"--compare {a} {b}: not two files, so give FILE... holding backends {a} and {b}")
     recs = read_dispatch(args.files)
-    names = {record.name(r) for r in recs}
+    names = {schema.name(r) for r in recs}
     for n in (a, b):
         if n not in names:
             raise ReportError(f"--compare: {n!r} is neither a file nor a backend in the records "
                               f"(backends: {', '.join(sorted(names))})")
-    return ([r for r in recs if record.name(r) == a], [r for r in recs if record.name(r) == b],
+    return ([r for r in recs if schema.name(r) == a], [r for r in recs if schema.name(r) == b],
             a, b, True)
 
 
@@ -348,9 +231,9 @@ def run(args) -> int:
     if args.compare:
         ra, rb, la, lb, by_backend = _compare_inputs(args)
         read = len(ra) + len(rb)
-        ra, rb = record.performance_only(ra, "report --compare"), record.performance_only(rb, "report --compare")
+        ra, rb = schema.performance_only(ra, "report --compare"), schema.performance_only(rb, "report --compare")
         if not ra or not rb:
-            raise ReportError(f"--compare: {la if not ra else lb} has no records left: all are {record.FUNCTIONAL_NOTE}")
+            raise ReportError(f"--compare: {la if not ra else lb} has no records left: all are {schema.FUNCTIONAL_NOTE}")
         res = compare(ra, rb, args.min_effect, by_backend)
         res["left_out_functional"] = read - len(ra) - len(rb)
         if not res["rows"]:
@@ -365,17 +248,19 @@ def run(args) -> int:
     if args.best_knobs:
         best = knobs.best_knobs(recs)
         print(json.dumps(best, indent=1) if args.json else
-              knobs.format_best(best, "github" if args.markdown else "simple") if best else "# no knob settings")
+              tables.format_best(best, "github" if args.markdown else "simple") if best else "# no knob settings")
     elif args.json:
-        print(json.dumps([{k: v for k, v in r.items() if k not in ("_file", "_runs")} for r in latest(recs)],
+        print(json.dumps([{k: v for k, v in r.items() if k not in ("_file", "_runs")} for r in schema.latest(recs)],
                          indent=1))
     else:
         print(tables(recs, args.markdown))
     if args.plot:
-        plot(recs, args.plot, args.metric)
+        try:
+            plot_bandwidth(recs, args.plot, args.metric)
+        except PlotError as e:
+            raise ReportError(str(e)) from None
         print(f"{'' if args.markdown else '# '}plot: {args.plot}", file=sys.stderr if args.json else sys.stdout)
     if args.overlap_plot:
-        from .overlap_plot import PlotError, plot as plot_overlap
         try:
             plot_overlap(recs, args.overlap_plot)
         except PlotError as e:

@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-from moebench import workload
 from moebench.backends import get
-from moebench.launch import run_ranks
-from moebench.runner import _check
-from moebench.workload import Workload
+from moebench.core import workload
+from moebench.core.workload import Workload
+from moebench.harness.launch import run_ranks
+from moebench.harness.runner import _check
 
 ROUTINGS = ["uniform", "balanced", "zipf:1.2", "group:4:2", "uniform,masked:0.3", "TRACE"]
 SHAPES = [(32, 64, 8, 2), (17, 96, 16, 4), (1, 128, 8, 8)]      # T, H, E, K

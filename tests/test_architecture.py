@@ -1,4 +1,5 @@
-"""The package's shape: no import cycle between moebench modules, no module over 400 lines.
+"""The package's shape: no import cycle between moebench modules, no module over 400 lines, a top
+level of tools that a newcomer can read, and imports that only go down the layers below.
 
 Every import counts, also the ones inside functions (a lazy import still ties two modules together).
 An import of a module's parent package for its name (`from . import x`) counts as an import of
@@ -11,6 +12,16 @@ import moebench
 
 ROOT = Path(moebench.__file__).resolve().parent
 MAX_LINES = 400
+MAX_TOP_MODULES = 8        # besides __init__ and __main__: the tools users call, and their shared edges
+# Lowest first. A module may import its own package and the packages of lower layers, never a package of
+# its own layer or above: pure definitions and environment probes at the bottom, the tools at the top.
+LAYERS = (
+    ("moebench.core", "moebench.env", "moebench.cli"),
+    ("moebench.ops", "moebench.records"),
+    ("moebench.backends",),
+    ("moebench.harness",),
+    ("moebench.checks", "moebench.megatron"),
+)
 
 
 def modules() -> dict[str, Path]:
@@ -78,8 +89,8 @@ def test_cycle_finder_finds_a_cycle():
 
 def test_import_graph_sees_lazy_and_relative_imports():
     g = graph()
-    assert "moebench.spec" in g["moebench.dispatch"] and "moebench.sweep" in g["moebench.dispatch"]
-    assert "moebench.buildkind" in g["moebench.backends.hybridep"]       # imported inside a function
+    assert "moebench.harness.spec" in g["moebench.dispatch"] and "moebench.harness.sweep" in g["moebench.dispatch"]
+    assert "moebench.env.buildkind" in g["moebench.backends.hybridep"]       # imported inside a function
     assert "moebench.ops.torch_impl" in g["moebench.ops"]                # `from . import torch_impl`
 
 
@@ -97,3 +108,45 @@ def test_backends_never_import_checks_or_the_cli():
 def test_no_module_over_400_lines():
     long = {n: len(p.read_text().splitlines()) for n, p in modules().items()}
     assert {n: c for n, c in long.items() if c > MAX_LINES} == {}
+
+
+def unit(module: str) -> str:
+    """The package a module belongs to for layering (moebench.harness.spec -> moebench.harness); a
+    top-level module is its own unit."""
+    return ".".join(module.split(".")[:2])
+
+
+def layer(module: str) -> int:
+    """Its layer's index (LAYERS); the tools, above every layer, get len(LAYERS)."""
+    return next((i for i, names in enumerate(LAYERS) if unit(module) in names), len(LAYERS))
+
+
+def upward_imports(g: dict[str, set[str]]) -> list[str]:
+    """'a -> b' for every import of a module in another unit of the same layer or a higher one.
+    The root package (`from moebench import _C`: the compiled extension) is below everything."""
+    return [f"{m} -> {d}" for m, deps in sorted(g.items()) for d in sorted(deps)
+            if d != "moebench" and unit(d) != unit(m) and layer(d) >= layer(m)]
+
+
+def test_layer_rule_catches_an_upward_import():
+    assert upward_imports({"moebench.core.workload": {"moebench.harness.spec"}}) == [
+        "moebench.core.workload -> moebench.harness.spec"]
+    assert upward_imports({"moebench.ops.cuda_impl": {"moebench.records.schema"}}) != []      # same layer
+    assert upward_imports({"moebench.harness.spec": {"moebench.backends.base", "moebench.harness.launch"}}) == []
+
+
+def test_imports_only_go_down_the_layers():
+    assert upward_imports(graph()) == []
+
+
+def test_every_package_has_a_layer():
+    units = {unit(n) for n in modules() if n.count(".") >= 2 or (ROOT / n.split(".")[-1]).is_dir()}
+    assert units <= {u for names in LAYERS for u in names}
+
+
+def test_top_level_is_the_tools():
+    top = sorted(p.stem for p in ROOT.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(top) <= MAX_TOP_MODULES, top
+    for tool in ("dispatch", "permute", "check", "report", "plan"):
+        assert tool in top
+    assert (ROOT / "megatron" / "__main__.py").is_file()      # python -m moebench.megatron

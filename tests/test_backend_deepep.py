@@ -6,11 +6,18 @@ import types
 import pytest
 import torch
 
-from moebench import reference, workload
 from moebench.backends import Unavailable, get
-from moebench.backends.deepep import (HINT, DeepEPBackend, DeepEPLowLatencyBackend, group_by_local_expert,
-                                      import_deep_ep, ll_buffer_bytes, weighted_rows)
-from moebench.workload import Workload, WorkloadError
+from moebench.backends.deepep import (
+    HINT,
+    DeepEPBackend,
+    DeepEPLowLatencyBackend,
+    group_by_local_expert,
+    import_deep_ep,
+    ll_buffer_bytes,
+    weighted_rows,
+)
+from moebench.core import reference, workload
+from moebench.core.workload import Workload, WorkloadError
 
 
 def test_registered_and_available_does_not_import():

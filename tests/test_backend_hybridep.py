@@ -5,13 +5,19 @@ import sys
 import pytest
 import torch
 
-from moebench import reference, toolkit, workload
 from moebench.backends import Unavailable, get
-from moebench.backends.deepep import group_by_local_expert, weighted_rows
 from moebench.backends.base import routing_map_and_probs
-from moebench.backends.hybridep import (DOMAIN_ENV, HybridEPBackend, cuda_home, local_plain_inputs,
-                                        ranks_per_domain)
-from moebench.workload import Workload, WorkloadError
+from moebench.backends.deepep import group_by_local_expert, weighted_rows
+from moebench.backends.hybridep import (
+    DOMAIN_ENV,
+    HybridEPBackend,
+    cuda_home,
+    local_plain_inputs,
+    ranks_per_domain,
+)
+from moebench.core import reference, workload
+from moebench.core.workload import Workload, WorkloadError
+from moebench.env import toolkit
 
 
 def test_registered_available_no_import():
@@ -136,7 +142,7 @@ def moebench_kernel_names() -> list[str]:
     import re
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
-    cu = (root / "csrc" / "moe_permute.cu").read_text()
+    cu = (root / "moebench" / "csrc" / "moe_permute.cu").read_text()
     names = re.findall(r"__global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\s*\(", cu)
     names += re.findall(r"@triton\.jit[^\n]*\ndef (\w+)", (root / "moebench" / "ops" / "triton_kernels.py").read_text())
     return names

@@ -10,13 +10,18 @@ import json
 import pytest
 import torch
 
-from moebench import dispatch, reference, workload
+from moebench import dispatch
 from moebench.backends import base
-from moebench.backends.mcore import McoreAlltoallBackend, McoreDeepEPBackend, McoreHybridEPBackend
-from moebench.launch import run_ranks
-from moebench.runner import run_backend
-from moebench.spec import Options
-from moebench.workload import Workload, WorkloadError
+from moebench.backends.mcore import (
+    McoreAlltoallBackend,
+    McoreDeepEPBackend,
+    McoreHybridEPBackend,
+)
+from moebench.core import reference, workload
+from moebench.core.workload import Workload, WorkloadError
+from moebench.harness.launch import run_ranks
+from moebench.harness.runner import run_backend
+from moebench.harness.spec import Options
 
 HAVE_MCORE = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
 needs_mcore = pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core is not installed")
@@ -119,7 +124,9 @@ def test_flex_sms_match_the_raw_backend_and_fusion_is_recorded():
     """Without --num-sms, mcore-hybridep gets HybridEP's own default (the raw hybridep's), not Megatron-Core's
     moe_hybridep_num_sms (16 on 0.16.1); a given --num-sms passes through; permute fusion is a knob."""
     import dataclasses
+
     from megatron.core.transformer.transformer_config import TransformerConfig
+
     from moebench.backends.hybridep import default_num_sms
     from moebench.backends.mcore import matched_num_sms, mcore_version
     field = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}

@@ -7,14 +7,13 @@ import math
 
 import pytest
 import torch
-
-from moebench import reference, traffic, workload
-from moebench.backends import get
-from moebench.launch import run_ranks
-from moebench.runner import _check
-from moebench.workload import Workload
-
 from test_robust_run import FAKES
+
+from moebench.backends import get
+from moebench.core import reference, traffic, workload
+from moebench.core.workload import Workload
+from moebench.harness.launch import run_ranks
+from moebench.harness.runner import _check
 
 
 @pytest.fixture
@@ -144,8 +143,10 @@ def test_dispatch_cli_runs_the_simulated_backends(sim, tmp_path):
     import os
     import subprocess
     import sys
+
     from test_robust_run import ROOT, SMALL
-    from moebench.record import read
+
+    from moebench.records.schema import read
     out = tmp_path / "r.jsonl"
     env = {**os.environ, "PYTHONPATH": f"{FAKES}{os.pathsep}{ROOT}"}
     p = subprocess.run([sys.executable, "-m", "moebench.dispatch", *SMALL, "--hidden", "2048", "--backend",

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from moebench import buildkind
+from moebench.env import buildkind
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 

@@ -173,7 +173,7 @@ def test_judges():
     assert system.judge_gpus([{"index": 0, "name": "H200", "ecc_uncorrected_volatile": 2}]) == [
         "GPU 0: 2 uncorrected ECC errors"]
     assert "mixed GPU SKUs" in system.judge_gpus([{"index": 0, "name": "A"}, {"index": 1, "name": "B"}])[0]
-    from moebench.topology import GPU
+    from moebench.env.topology import GPU
     probs, _ = system.judge_links([GPU(0, "NVIDIA H200", nvlinks_up=18), GPU(1, "NVIDIA H200", nvlinks_up=16),
                                    GPU(2, "NVIDIA H100 PCIe", nvlinks_up=0)])
     assert probs == ["GPU 1 (NVIDIA H200): 16 of 18 NVLinks up"]

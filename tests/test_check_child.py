@@ -49,7 +49,7 @@ def test_exit_code_and_missing_result():
 
 
 def test_run_function_target():
-    r = child.run_function("moebench.buildkind:deep_ep_layout", {}, 60)
+    r = child.run_function("moebench.env.buildkind:deep_ep_layout", {}, 60)
     assert r.ok and r.value["installed"] in (True, False)
 
 

@@ -5,8 +5,9 @@ import sys
 
 import pytest
 
-from moebench import dispatch, record
-from moebench.record import read as read_records
+from moebench import dispatch
+from moebench.records import schema
+from moebench.records.schema import read as read_records
 
 
 def test_ep4_cpu_run_writes_valid_jsonl(tmp_path):
@@ -26,8 +27,8 @@ def test_ep4_cpu_run_writes_valid_jsonl(tmp_path):
         assert r["traffic"]["algbw_GBps"] > 0 and r["traffic"]["busbw_GBps"] > 0
         assert r["workload"]["ep"] == 4 and r["env"]["torch"]
         assert r["repro"].startswith("python -m moebench.dispatch --ep 4")
-        assert r["schema"] == record.SCHEMA and r["functional"] is True and r["shared_gpu"] is None
-        assert record.is_functional(r) and "sweep" not in r
+        assert r["schema"] == schema.SCHEMA and r["functional"] is True and r["shared_gpu"] is None
+        assert schema.is_functional(r) and "sweep" not in r
         json.dumps(r)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from moebench.launch import LaunchError, run_ranks
+from moebench.harness.launch import LaunchError, run_ranks
 
 
 def sum_ranks(ctx):

@@ -3,8 +3,10 @@ import json
 
 import pytest
 
-from moebench import flags as F
-from moebench import megatron, record, results
+from moebench import megatron
+from moebench.megatron import tool
+from moebench.megatron import flags as F
+from moebench.records import schema, writer
 
 W = {"num_tokens": 4096, "hidden": 7168, "num_experts": 256, "topk": 8, "ep": 8, "dtype": "bf16",
      "routing": "uniform", "seed": 0, "gpus_per_node": 8}
@@ -13,7 +15,7 @@ W = {"num_tokens": 4096, "hidden": 7168, "num_experts": 256, "topk": 8, "ep": 8,
 def rec(name, phase, median, p10=None, p90=None, status="PASS", knobs=None, workload=None, error=None, env=None):
     timing = None if status != "PASS" else {"median_us": median, "p10_us": p10 if p10 is not None else median - 1,
                                             "p90_us": p90 if p90 is not None else median + 1}
-    return {"schema": record.SCHEMA, "workload": workload or W, "device": "cuda", "phase": phase,
+    return {"schema": schema.SCHEMA, "workload": workload or W, "device": "cuda", "phase": phase,
             "backend": {"name": name, "knobs": knobs or {}}, "timing": timing,
             "check": {"status": status, "error": error}, "env": {"env": env or {}}}
 
@@ -172,10 +174,10 @@ def test_hybridep_env_from_workload_or_record():
 # ---------------------------------------------------------------- CLI
 def test_cli_results_json(tmp_path, capsys):
     path = tmp_path / "r.jsonl"
-    results.write_jsonl(path, pair("alltoall", 500, 600) + pair("hybridep", 200, 250, knobs={"num_sms": 16}))
+    writer.write_jsonl(path, pair("alltoall", 500, 600) + pair("hybridep", 200, 250, knobs={"num_sms": 16}))
     assert megatron.main(["flags", "--results", str(path), "--megatron-core-version", "0.16.1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["schema"] == megatron.FLAGS_SCHEMA
+    assert out["schema"] == tool.FLAGS_SCHEMA
     [d] = out["decisions"]
     assert d["winner"] == "hybridep"
     assert d["flags"]["megatron_lm_cmdline"] == ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend "

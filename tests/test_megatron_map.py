@@ -1,6 +1,7 @@
 """megatron_map: the backend -> Megatron table drives flags and the A/B families."""
-from moebench import flags, megatron_map
-from moebench.megatron_map import BACKENDS, MegatronBackend
+from moebench.core import megatron_map
+from moebench.core.megatron_map import BACKENDS, MegatronBackend
+from moebench.megatron import flags
 
 
 def test_table_matches_megatron_values():

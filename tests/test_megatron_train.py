@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from moebench import megatron
-from moebench import mcore_train as T
+from moebench.megatron import tool
+from moebench.megatron import train as T
 
 HAVE_MCORE = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
 needs_mcore = pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core is not installed")
@@ -53,7 +54,9 @@ def test_tflops_per_gpu_is_megatron_throughput():
 def test_flops_match_megatron_training():
     """Our copy against Megatron-LM's own function, where it imports."""
     try:
-        from megatron.training.training import num_floating_point_operations as mlm_flops
+        from megatron.training.training import (
+            num_floating_point_operations as mlm_flops,
+        )
     except Exception as e:  # noqa: BLE001 - needs megatron-core >= 0.17 on Python >= 3.12
         pytest.skip(f"megatron.training not importable here: {type(e).__name__}")
     spec = T.TrainSpec(num_layers=3, hidden=768, heads=12, ffn_hidden=1536, num_experts=16, topk=4, seq_length=512,
@@ -107,7 +110,7 @@ def test_candidate_must_match_control_first_loss():
     ctl = {"role": "control", "loss": {"first": 10.0}, "step_ms": {"steady_mean": 10.0}, "errors": [], "status": "PASS"}
     same = {"role": "candidate", "loss": {"first": 10.05}, "step_ms": {"steady_mean": 8.0}, "errors": [], "status": "PASS"}
     off = {"role": "candidate", "loss": {"first": 11.0}, "step_ms": {"steady_mean": 8.0}, "errors": [], "status": "PASS"}
-    megatron._compare_to_control([ctl, same, off])
+    tool._compare_to_control([ctl, same, off])
     assert same["status"] == "PASS" and same["vs_control"]["step_time_ratio"] == pytest.approx(0.8)
     assert off["status"] == "FAIL" and "differs from the control" in off["errors"][0]
 
@@ -138,7 +141,7 @@ def test_validate_cpu_functional_run(ep, tmp_path, capsys):
     assert rc == 0 and r["status"] == "PASS", r.get("errors")
     assert "not a measurement" in text and "MoEAlltoAllTokenDispatcher x12" in text
     assert "CPU functional run (not a validation" in text and r["functional"] is True
-    assert r["schema"] == megatron.VALIDATE_SCHEMA and r["world"] == ep and r["window"] == 6
+    assert r["schema"] == tool.VALIDATE_SCHEMA and r["world"] == ep and r["window"] == 6
     assert [lay["token_dispatch_calls"] for lay in r["evidence"]["layers"]] == [12, 12]
     assert r["evidence"]["param_dtypes"] == ["torch.bfloat16"]     # CUDA's layer_norm refuses fp32 norm weights
     assert len(r["losses"]) == 12 and all(math.isfinite(x) for x in r["losses"])

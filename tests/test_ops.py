@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 from conftest import LaunchSpy
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import moebench.ops as ops
 

@@ -4,11 +4,12 @@ import json
 
 import pytest
 
-from moebench import flags, overlap
+from moebench.core.workload import WorkloadError
 from moebench.dispatch import main
-from moebench.overlap_plot import plot, series
+from moebench.harness import overlap
+from moebench.megatron import flags
+from moebench.records.plots import overlap_series
 from moebench.report import main as report_main
-from moebench.workload import WorkloadError
 
 SHAPE = ["--ep", "2", "--num-tokens", "16", "--hidden", "64", "--num-experts", "8", "--topk", "2", "--iters", "3"]
 
@@ -57,17 +58,17 @@ def rec(name, phase, comm, exposed, gemm=1000.0, spread=5.0, sms=None, functiona
 
 def test_overlap_decision_hides_more_than_the_noise():
     recs = [rec("alltoall", "dispatch", 300, 40), rec("alltoall", "combine", 250, 30)]
-    v = overlap.decide(recs, "alltoall")
+    v = flags.overlap_pays(recs, "alltoall")
     assert v["on"] and v["hidden_us"] == pytest.approx(480) and "hides 480.0 us" in v["why"]
 
 
 def test_overlap_decision_off_when_the_slowdown_eats_the_gain_or_within_noise():
-    eaten = overlap.decide([rec("alltoall", "dispatch", 300, 320), rec("alltoall", "combine", 250, 260)], "alltoall")
+    eaten = flags.overlap_pays([rec("alltoall", "dispatch", 300, 320), rec("alltoall", "combine", 250, 260)], "alltoall")
     assert not eaten["on"] and "eats the gain" in eaten["why"]
-    noisy = overlap.decide([rec("alltoall", "dispatch", 300, 295, spread=20),
+    noisy = flags.overlap_pays([rec("alltoall", "dispatch", 300, 295, spread=20),
                             rec("alltoall", "combine", 250, 245, spread=20)], "alltoall")
     assert not noisy["on"] and "within the noise" in noisy["why"]
-    missing = overlap.decide([rec("alltoall", "dispatch", 300, 40)], "alltoall")
+    missing = flags.overlap_pays([rec("alltoall", "dispatch", 300, 40)], "alltoall")
     assert not missing["on"] and "--overlap gemm" in missing["why"]
 
 
@@ -84,7 +85,7 @@ def test_megatron_flags_emit_overlap_only_when_measured_to_pay():
 
 def test_overlap_plot_series_follow_the_sm_knob():
     recs = [rec("deepep", "dispatch", 300, e, sms=s) for s, e in ((24, 50), (8, 20), (16, 30))]
-    lines, functional = series(recs)
+    lines, functional = overlap_series(recs)
     assert lines[("deepep", "dispatch")] == [(8, 20, 1.02), (16, 30, 1.03), (24, 50, 1.05)] and not functional
-    lines, functional = series([rec("alltoall", "dispatch", 300, 20, functional=True)])
+    lines, functional = overlap_series([rec("alltoall", "dispatch", 300, 20, functional=True)])
     assert functional and lines[("alltoall", "dispatch")][0][0] == 0

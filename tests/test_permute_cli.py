@@ -6,7 +6,7 @@ import json
 import pytest
 
 from moebench import permute
-from moebench.toolkit import installed
+from moebench.env.toolkit import installed
 
 
 def test_cpu_run_writes_records(tmp_path, capsys):

@@ -6,7 +6,7 @@ from math import comb
 import pytest
 
 from moebench import plan
-from moebench.workload import Workload, WorkloadError
+from moebench.core.workload import Workload, WorkloadError
 
 
 def run(capsys, *argv):

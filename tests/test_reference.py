@@ -1,8 +1,8 @@
 """Oracle identities, and that the checks catch what they exist to catch."""
 import torch
 
-from moebench import reference, workload
-from moebench.workload import Workload, make_routing
+from moebench.core import reference, workload
+from moebench.core.workload import Workload, make_routing
 
 
 def wl(**kw):

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from moebench import report
+from moebench.records import plots
 
 HW = {"hidden": 7168, "num_experts": 256, "topk": 8, "ep": 8, "dtype": "bf16", "routing": "uniform", "seed": 0,
       "gpus_per_node": 8}
@@ -47,7 +48,7 @@ def test_plot_has_every_backend_and_both_ceilings(tmp_path):
         for phase in ("dispatch", "combine"):
             recs += [rec("alltoall", T, phase, median=a), rec("deepep", T, phase, median=d)]
     png = tmp_path / "plot.png"
-    fig = report.plot(recs, str(png))
+    fig = plots.plot_bandwidth(recs, str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert len(fig.axes) == 2
     for ax in fig.axes:
@@ -69,12 +70,12 @@ def test_plot_has_every_backend_and_both_ceilings(tmp_path):
 def test_plot_knob_settings_use_best_and_ep1_uses_algbw(tmp_path):
     recs = [rec("deepep", 1024, "dispatch", median=100.0, knobs={"num_sms": 8}),
             rec("deepep", 1024, "dispatch", median=50.0, knobs={"num_sms": 24})]
-    ax = report.plot(recs).axes[0]
+    ax = plots.plot_bandwidth(recs).axes[0]
     line = next(ln for ln in ax.get_lines() if ln.get_label().startswith("deepep"))
     assert "best of 2 knob settings" in line.get_label()
     assert line.get_ydata()[0] == pytest.approx(recs[1]["traffic"]["busbw_GBps"])
     ep1 = [rec("alltoall", T, "dispatch", median=10.0, ep=1, measured=None) for T in (512, 1024)]
-    ax = report.plot(ep1).axes[0]
+    ax = plots.plot_bandwidth(ep1).axes[0]
     assert "algbw" in ax.get_ylabel()
     labels = [ln.get_label() for ln in ax.get_lines()]
     assert "alltoall" in labels and not any(lb.startswith("measured") for lb in labels)

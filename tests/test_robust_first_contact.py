@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from moebench import dispatch, megatron
-from moebench.toolkit import installed
+from moebench.env.toolkit import installed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,7 +24,7 @@ def test_python_m_moebench_lists_every_tool():
     assert p.returncode == 0, p.stderr
     for tool in ("dispatch", "permute", "check", "megatron", "report", "plan"):
         assert f"python -m moebench.{tool}" in p.stdout
-        assert (ROOT / "moebench" / f"{tool}.py").is_file()
+        assert (ROOT / "moebench" / f"{tool}.py").is_file() or (ROOT / "moebench" / tool / "__main__.py").is_file()
 
 
 def test_megatron_validate_offers_device_cpu_and_says_it_needs_a_gpu(capsys):

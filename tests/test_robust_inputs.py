@@ -2,6 +2,7 @@
 import pytest
 
 from moebench import check, dispatch, megatron, permute, report
+from moebench.megatron import tool
 
 TINY = ["--device", "cpu", "--ep", "2", "--backend", "alltoall", "--num-tokens", "8", "--hidden", "64",
         "--num-experts", "8", "--topk", "2", "--iters", "1"]
@@ -32,7 +33,7 @@ def test_unwritable_outputs_are_refused_before_any_work(tmp_path, capsys, monkey
     rec = tmp_path / "r.jsonl"
     rec.write_text("")
     one_line_exit2(report.main([str(rec), "--plot", bad]), capsys, "--plot")
-    monkeypatch.setattr(megatron, "run_training", lambda *a, **k: pytest.fail("ran before checking --out"))
+    monkeypatch.setattr(tool, "run_training", lambda *a, **k: pytest.fail("ran before checking --out"))
     one_line_exit2(megatron.main(["validate", "--dispatcher", "alltoall", "--out", bad]), capsys, "--out")
 
 

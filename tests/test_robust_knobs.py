@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from moebench import dispatch, knobs
+from moebench import dispatch
 from moebench.backends import base
+from moebench.harness import spec
 
 TINY = ["--device", "cpu", "--ep", "2", "--num-tokens", "8", "--hidden", "64", "--num-experts", "8", "--topk", "2",
         "--iters", "1"]
@@ -27,7 +28,7 @@ def test_unknown_knob_names_the_flag_and_the_known_knobs(tmp_path, capsys, monke
 
 
 def test_known_and_env_knobs_still_pass():
-    from moebench.spec import RunSpec
+    from moebench.harness.spec import RunSpec
     spec = RunSpec.from_argv([*TINY, "--backend", "all", "--knob", "mode=plain", "--knob", "env:CHUNK=64"])
     assert spec.knobs["mode"] == "plain" and spec.options().env == {"CHUNK": "64"}
     assert RunSpec.from_argv([*TINY, "--backend", "deepep", "--knob", "num_sms=24"]).knobs["num_sms"] == 24
@@ -48,7 +49,7 @@ def names_read(module) -> set[str]:
 
 
 def test_knob_table_matches_what_the_backend_modules_read():
-    table = knobs.backend_knobs()
+    table = spec.backend_knobs()
     assert set(table) == set(base.REGISTRY)
     by_module: dict = {}
     for name, target in base.REGISTRY.items():

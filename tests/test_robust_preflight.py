@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from moebench import dispatch, preflight, runner
-from moebench.launch import LaunchError, run_ranks
-from moebench.spec import Options, RunSpec
-from moebench.toolkit import installed
-from moebench.workload import Workload
+from moebench import dispatch
+from moebench.core.workload import Workload
+from moebench.env.toolkit import installed
+from moebench.harness import preflight, runner
+from moebench.harness.launch import LaunchError, run_ranks
+from moebench.harness.spec import Options, RunSpec
 
 GiB = 2**30
 README_2 = ["--ep", "8", "--backend", "alltoall,hybridep", "--num-tokens", "8192", "--hidden", "4096",

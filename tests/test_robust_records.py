@@ -1,8 +1,9 @@
 """Issue 13, records: whole-line writes after a kill, and resumes that do not repeat WAIVED records."""
 import json
 
-from moebench import dispatch, results
-from moebench.record import read as read_records
+from moebench import dispatch
+from moebench.records import writer
+from moebench.records.schema import read as read_records
 
 TINY = """description = "tiny"
 hidden = 64
@@ -15,7 +16,7 @@ num_tokens = [16, 32]
 def test_append_after_a_cut_line_keeps_every_new_record(tmp_path):
     out = tmp_path / "r.jsonl"
     out.write_text(json.dumps({"a": 1}) + "\n" + '{"schema": "moebench.res')     # a kill mid-write
-    results.write_jsonl(out, [{"b": 2}, {"c": 3}])
+    writer.write_jsonl(out, [{"b": 2}, {"c": 3}])
     assert read_records(out) == [{"a": 1}, {"b": 2}, {"c": 3}]
     assert out.read_text().endswith("\n") and out.read_text().count("\n") == 4
 

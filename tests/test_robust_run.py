@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from moebench.record import read as read_records
+from moebench.records.schema import read as read_records
 
 FAKES = Path(__file__).parent / "fakes"
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +34,7 @@ def test_backend_all_waives_what_cannot_take_the_shape(tmp_path):
 
 NAP = """
 import sys, time
-from moebench.launch import run_ranks
+from moebench.harness.launch import run_ranks
 
 def nap(ctx):
     time.sleep(120)

@@ -1,7 +1,8 @@
 """Issue 13, item 14: the sweep's time left follows the work of the cases still to run (tokens x
 hidden x top-k), not their count."""
-from moebench import dispatch, sweep
-from moebench.workload import Workload
+from moebench import dispatch
+from moebench.core.workload import Workload
+from moebench.harness import sweep
 
 
 def test_time_left_follows_the_work_of_the_remaining_cases():

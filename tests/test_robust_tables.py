@@ -1,6 +1,8 @@
 """Issue 13, first contact: figures with three significant digits, a legend, whole-word reasons."""
-from moebench import report, results, sweep
-from moebench.cli import shorten, sig3
+from moebench import report
+from moebench.harness import sweep
+from moebench.records import tables
+from moebench.records.tables import shorten, sig3
 
 
 def rec(**traffic):
@@ -16,7 +18,7 @@ def test_sig3_keeps_three_significant_digits():
 
 
 def test_dispatch_table_and_sweep_line_show_small_figures():
-    row = results.table_rows([rec(frac_of_ceiling=-0.00213)])[0]
+    row = tables.table_rows([rec(frac_of_ceiling=-0.00213)])[0]
     assert row[2:10] == ["1230", "0.500", "-", "-", "0.0213", "0.0107", "0.0851", "-0.00213"]
     line = sweep._summary_line(rec())
     assert "1230 us" in line and "0.0107 GB/s" in line
@@ -32,7 +34,7 @@ def waived():
 
 
 def test_dispatch_table_has_one_legend_line():
-    text = results.format_table([rec(), waived()])
+    text = tables.format_table([rec(), waived()])
     legend = [line for line in text.splitlines() if line.startswith("#")]
     assert len(legend) == 1
     for word in ("algbw", "busbw", "wirebw", "frac ceil", "'-'", "WAIVED", "EP 1"):
@@ -42,7 +44,7 @@ def test_dispatch_table_has_one_legend_line():
 def test_reasons_are_cut_at_a_word_and_the_record_keeps_the_whole():
     words = set(WAIVE.replace("(", " ").replace(")", " ").split())
     r = waived()
-    check = results.table_rows([r])[0][-1]
+    check = tables.table_rows([r])[0][-1]
     shown = check.split("(", 1)[1].rsplit("...)", 1)[0]
     assert len(shown) < len(WAIVE) and shown.split()[-1].strip("(,;:") in words, shown
     assert WAIVE.startswith(shown) and r["check"]["error"] == WAIVE

@@ -3,10 +3,10 @@ import torch.distributed as dist
 
 from moebench.backends import base
 from moebench.backends.alltoall import AlltoallBackend
-from moebench.launch import run_ranks
-from moebench.runner import rank_main
-from moebench.spec import Options
-from moebench.workload import Workload
+from moebench.core.workload import Workload
+from moebench.harness.launch import run_ranks
+from moebench.harness.runner import rank_main
+from moebench.harness.spec import Options
 
 W = Workload(num_tokens=8, hidden=64, num_experts=4, topk=2, ep=2)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from moebench import launch
 from moebench.checks.ep import roundtrip_plan
+from moebench.harness import launch
 
 FAKES = Path(__file__).parent / "fakes"
 SMALL = ["--num-tokens", "32", "--hidden", "256", "--num-experts", "8", "--topk", "2", "--iters", "2"]
@@ -72,7 +72,7 @@ def test_shared_gpu_rank_to_device_and_group():
 
 
 def shared_record(**over):
-    from moebench.record import DispatchRecord
+    from moebench.records.schema import DispatchRecord
     w = {"num_tokens": 64, "hidden": 256, "num_experts": 8, "topk": 2, "ep": 2, "dtype": "bf16",
          "routing": "uniform", "seed": 0, "gpus_per_node": 2}
     base = dict(argv=[], repro="", workload=w, device="cuda", backend={"name": "deepep", "knobs": {}, "dedup": True},
@@ -85,12 +85,13 @@ def shared_record(**over):
 
 
 def test_shared_gpu_records_are_labelled_and_refused_as_evidence(tmp_path, capsys):
-    from moebench import megatron, report, results
+    from moebench import megatron, report
     from moebench.checks.baseline import rows_from_records
+    from moebench.records import tables, writer
     recs = [shared_record(), shared_record(phase="combine"), shared_record(backend={"name": "alltoall", "knobs": {}})]
-    assert all(row[-1].endswith("[functional only]") for row in results.table_rows(recs))
+    assert all(row[-1].endswith("[functional only]") for row in tables.table_rows(recs))
     f = tmp_path / "shared.jsonl"
-    results.write_jsonl(f, recs)
+    writer.write_jsonl(f, recs)
     assert "functional only" in report.tables(recs)
     assert report.main(["--compare", "deepep", "alltoall", str(f)]) == 2
     assert "functional only" in capsys.readouterr().err
@@ -100,9 +101,9 @@ def test_shared_gpu_records_are_labelled_and_refused_as_evidence(tmp_path, capsy
 
 
 def test_check_baseline_refuses_a_functional_baseline(tmp_path):
-    from moebench import results
+    from moebench.records import writer
     f = tmp_path / "shared.jsonl"
-    results.write_jsonl(f, [shared_record()])
+    writer.write_jsonl(f, [shared_record()])
     out = tmp_path / "c.json"
     p = subprocess.run([sys.executable, "-m", "moebench.check", "-t", "baseline", "--baseline", str(f), "--out", str(out)],
                        capture_output=True, text=True, timeout=120)

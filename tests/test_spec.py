@@ -1,9 +1,10 @@
 """RunSpec: built once from the dispatch flags, and its to_argv() rebuilds an equal spec."""
 import pytest
 
-from moebench import dispatch, launch
-from moebench.spec import RunSpec
-from moebench.workload import Workload, WorkloadError
+from moebench import dispatch
+from moebench.core.workload import Workload, WorkloadError
+from moebench.harness import launch
+from moebench.harness.spec import RunSpec
 
 
 def spec_of(argv):

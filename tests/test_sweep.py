@@ -4,8 +4,10 @@ import os
 
 import pytest
 
-from moebench import dispatch, knobs, sweep
-from moebench.workload import WorkloadError
+from moebench import dispatch
+from moebench.core.workload import WorkloadError
+from moebench.harness import sweep
+from moebench.records import knobs
 
 TINY = """
 description = "tiny CPU sweep"

@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from moebench import timing
+from moebench.harness import timing
 
 
 def test_run_counts_calls_and_labels_the_clock():

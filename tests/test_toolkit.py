@@ -1,7 +1,7 @@
-"""moebench.toolkit.find_nvcc: the one nvcc lookup, in its documented order."""
+"""moebench.env.toolkit.find_nvcc: the one nvcc lookup, in its documented order."""
 from __future__ import annotations
 
-from moebench import toolkit
+from moebench.env import toolkit
 
 
 def _nvcc(root):

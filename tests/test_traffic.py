@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from moebench import traffic
-from moebench.workload import Workload
+from moebench.core import traffic
+from moebench.core.workload import Workload
 
 
 def w4(**kw):

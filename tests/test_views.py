@@ -3,17 +3,17 @@ alltoall path's skipped identity sorts, and phases that move no payload."""
 import json
 
 import pytest
-import torch
 
-from moebench import ops, views
+from moebench import ops
 from moebench.backends import base
 from moebench.backends.alltoall import AlltoallBackend
+from moebench.core.traffic import traffic_of
+from moebench.core.workload import Workload, make_routing
 from moebench.dispatch import main
-from moebench.launch import run_ranks
-from moebench.runner import PAYLOAD_OF, build_records, rank_main
-from moebench.spec import Options
-from moebench.traffic import traffic_of
-from moebench.workload import Workload, make_routing
+from moebench.harness import views
+from moebench.harness.launch import run_ranks
+from moebench.harness.runner import PAYLOAD_OF, build_records, rank_main
+from moebench.harness.spec import Options
 
 W = Workload(num_tokens=16, hidden=64, num_experts=8, topk=2, ep=2)
 
@@ -97,8 +97,8 @@ def test_alltoall_still_sorts_when_chunks_interleave():
 
 
 def _count_sorts(ctx, w):
-    from moebench import workload
-    from moebench.runner import _check
+    from moebench.core import workload
+    from moebench.harness.runner import _check
     calls = []
     real = ops.sort_chunks_by_idxs
     ops.sort_chunks_by_idxs = lambda *a, **k: calls.append(1) or real(*a, **k)
@@ -118,7 +118,7 @@ def test_alltoall_cached_view_moves_the_same_rows():
 
 
 def _cached_rows(ctx, w):
-    from moebench import workload
+    from moebench.core import workload
     b = AlltoallBackend(knob_values={"ops_impl": "torch"})
     b.setup(ctx.group, w, ctx.device)
     x, idx, wt, q, s = workload.rank_inputs(w, ctx.rank)

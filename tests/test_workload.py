@@ -3,7 +3,14 @@ import numpy as np
 import pytest
 import torch
 
-from moebench.workload import Routing, Workload, WorkloadError, load_trace, make_routing, make_tokens
+from moebench.core.workload import (
+    Routing,
+    Workload,
+    WorkloadError,
+    load_trace,
+    make_routing,
+    make_tokens,
+)
 
 
 def small(**kw):

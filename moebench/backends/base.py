@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..workload import Workload, WorkloadError
+from ..core.workload import Workload, WorkloadError
 
 # name -> "module:Class"; names are Megatron's own values so flags are a lookup
 REGISTRY: dict[str, str] = {

@@ -36,8 +36,8 @@ from pathlib import Path
 import torch
 
 from .. import ops
-from ..toolkit import dist_version
-from ..workload import WorkloadError
+from ..core.workload import WorkloadError
+from ..env.toolkit import dist_version
 from .base import Backend, Dispatched, Unavailable
 
 HINT = ("install DeepEP from branch hybrid-ep (legacy Buffer + HybridEPBuffer) or tag v1.2.1; DeepEP main "

@@ -32,10 +32,18 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..workload import WorkloadError, rank_inputs
+from ..core.workload import WorkloadError, rank_inputs
+from ..env.toolkit import find_nvcc
 from .base import Backend, Dispatched, Unavailable
-from ..toolkit import find_nvcc
-from .deepep import FP8_FACTOR, Grouped, build_version, find, group_by_local_expert, import_deep_ep, weighted_rows
+from .deepep import (
+    FP8_FACTOR,
+    Grouped,
+    build_version,
+    find,
+    group_by_local_expert,
+    import_deep_ep,
+    weighted_rows,
+)
 
 DOMAIN_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
 MODES = ("permute", "plain")
@@ -176,7 +184,7 @@ class HybridEPBackend(Backend):
 
     @staticmethod
     def _build_kind() -> str | None:
-        from .. import buildkind
+        from ..env import buildkind
         so = buildkind.extension_path("hybrid_ep_cpp")
         try:
             return buildkind.hybridep_build_kind(so).kind if so else None

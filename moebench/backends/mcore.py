@@ -51,9 +51,9 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
-from ..megatron_map import BACKENDS, FLEX
-from ..toolkit import dist_version, installed
-from ..workload import WorkloadError
+from ..core.megatron_map import BACKENDS, FLEX
+from ..core.workload import WorkloadError
+from ..env.toolkit import dist_version, installed
 from .base import Backend, Dispatched, Unavailable
 from .deepep import DeepEPBackend
 from .hybridep import HybridEPBackend

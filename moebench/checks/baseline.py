@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import record
+from ..records import schema
 from .registry import Context, failed, passed, register, waived
 
 DEFAULT_THRESHOLD_PCT = 10.0
@@ -32,15 +32,15 @@ def rows_from_records(records: list[dict]) -> list[dict]:
     """Bandwidth rows from moebench.dispatch records (timed, checked ones only)."""
     rows = []
     for r in records:
-        t = record.traffic(r)
+        t = schema.traffic(r)
         gbps = t.get("algbw_GBps") if t.get("algbw_GBps") is not None else t.get("busbw_GBps")
-        if not r.get("timing") or gbps is None or record.status(r) != "PASS":
+        if not r.get("timing") or gbps is None or schema.status(r) != "PASS":
             continue
         b = r["backend"]
         mode = (b.get("knobs") or {}).get("mode")
         rows.append({"workload": workload_key(r["workload"]), "backend": b["name"] + (f"/{mode}" if mode else ""),
                      "phase": r["phase"], "GBps": float(gbps),
-                     **({"functional": True} if record.is_functional(r) else {})})
+                     **({"functional": True} if schema.is_functional(r) else {})})
     return rows
 
 
@@ -64,7 +64,7 @@ def read_rows(path: str | Path) -> list[dict]:
         return _rows_of(json.loads(Path(path).read_text()))
     except json.JSONDecodeError:
         pass
-    objs = record.read(path)     # a garbled line is skipped with a note; a file of nothing else is bad input
+    objs = schema.read(path)     # a garbled line is skipped with a note; a file of nothing else is bad input
     if not objs and Path(path).stat().st_size:
         raise ValueError(f"{path}: no JSON records in it")
     return [row for obj in objs for row in _rows_of(obj)]
@@ -106,11 +106,11 @@ def check_baseline(ctx: Context):
     for f in getattr(o, "results", None) or []:
         current += read_rows(f)
     if base and all(r.get("functional") for r in base):
-        return failed(f"--baseline {o.baseline}: every row is {record.FUNCTIONAL_NOTE}; gate against a GPU run")
+        return failed(f"--baseline {o.baseline}: every row is {schema.FUNCTIONAL_NOTE}; gate against a GPU run")
     dropped = sum(1 for r in current if r.get("functional"))
     base, current = [r for r in base if not r.get("functional")], [r for r in current if not r.get("functional")]
     if dropped and not current:
-        return waived(f"the {dropped} current row(s) are {record.FUNCTIONAL_NOTE}: no gate on this machine")
+        return waived(f"the {dropped} current row(s) are {schema.FUNCTIONAL_NOTE}: no gate on this machine")
     res = compare(base, current, o.threshold)
     if not res["compared"]:
         return waived(f"no rows in common with {o.baseline} ({len(base)} baseline, {len(current)} current rows)", **res)

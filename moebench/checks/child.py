@@ -20,11 +20,12 @@ import sys
 import sysconfig
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from ..env.toolkit import PACKAGE_DIR
+
 MARKER = "@@moebench-child-result@@ "
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = PACKAGE_DIR.parent    # the folder that holds the moebench package (PYTHONPATH of a child)
 TAIL_LINES = 12
 
 

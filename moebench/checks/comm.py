@@ -1,7 +1,7 @@
-"""Link and communication-library checks: `p2p` (csrc/probes/p2p_bw.cu), `nccl`, `nvshmem`.
+"""Link and communication-library checks: `p2p` (moebench/csrc/probes/p2p_bw.cu), `nccl`, `nvshmem`.
 
 The p2p probe is a standalone CUDA program. The check uses, in order: $MOEBENCH_P2P_PROBE, a binary
-built by CMake (build/**/p2p_bw), or compiles csrc/probes/p2p_bw.cu with nvcc into
+built by CMake (build/**/p2p_bw), or compiles moebench/csrc/probes/p2p_bw.cu with nvcc into
 ~/.cache/moebench/probes/ (keyed by the source's hash). It does not use cupy. Everything native runs
 in a contained child process (child.py).
 """
@@ -13,12 +13,12 @@ import os
 import statistics
 from pathlib import Path
 
-from .. import ceilings
-from ..toolkit import find_nvcc
+from ..core import ceilings
+from ..env.toolkit import CSRC_DIR, find_nvcc
 from . import child
 from .registry import Context, failed, passed, register, waived
 
-PROBE_SRC = child.REPO_ROOT / "csrc" / "probes" / "p2p_bw.cu"
+PROBE_SRC = CSRC_DIR / "probes" / "p2p_bw.cu"
 P2P_MIN_FRAC = 0.6          # a pair below this fraction of the nominal NVLink ceiling fails
 P2P_MIN_OF_MEDIAN = 0.8     # ... and so does a pair this far below the median pair (a degraded link)
 
@@ -120,7 +120,7 @@ def _nccl_rank(ctx, nbytes: int, iters: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from ..timing import Timer
+    from ..harness.timing import Timer
     W, r, dev = ctx.world, ctx.rank, ctx.device
     n = nbytes // 4 // W * W
     x = torch.full((n,), float(r + 1), device=dev)
@@ -142,7 +142,7 @@ def _nccl_rank(ctx, nbytes: int, iters: int) -> dict:
 
 
 def nccl_child(world: int, nbytes: int, iters: int, timeout_s: float) -> list:
-    from ..launch import run_ranks
+    from ..harness.launch import run_ranks
     return run_ranks(_nccl_rank, world, "cuda", timeout_s, args=(nbytes, iters))
 
 
@@ -210,7 +210,7 @@ def _nvshmem_rank(ctx, n: int) -> dict:
 
 
 def nvshmem_child(world: int, timeout_s: float) -> list:
-    from ..launch import run_ranks
+    from ..harness.launch import run_ranks
     return run_ranks(_nvshmem_rank, world, "cuda", timeout_s, args=(1 << 20,))
 
 

@@ -2,7 +2,7 @@
 
 Every import of deep_ep, hybrid_ep_cpp and megatron.core happens in a child process (child.py): an
 install that segfaults or aborts on import is a FAIL row with the signal, and the import is tried
-even on a machine without GPUs. The round trips run `moebench.runner.run_case` (the same path as
+even on a machine without GPUs. The round trips run `moebench.harness.runner.run_case` (the same path as
 `python -m moebench.dispatch`) in a child, so a build that segfaults, aborts or hangs when its buffer
 is constructed is a FAIL row with the signal. With fewer GPUs than ranks they run as shared-GPU
 ranks (2 ranks on GPU 0), and with no GPU the construction is still tried on CPU ranks: a crash is
@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 
 from ..backends.deepep import HINT as DEEPEP_HINT
-from .. import buildkind
-from ..megatron_map import BACKENDS
-from ..toolkit import find_nvcc, installed
+from ..core.megatron_map import BACKENDS
+from ..env import buildkind
+from ..env.toolkit import find_nvcc, installed
 from . import child, imports
 from .baseline import rows_from_records
 from .comm import gpu_count
@@ -82,8 +82,8 @@ def roundtrip_plan(n_gpus: int, sizes=None) -> tuple[str, int, int]:
 def roundtrip_child(argv: list[str]) -> list[dict]:
     """Child side: the dispatch + combine check against the oracle, then a short timing, via run_case
     (argv: a RunSpec's to_argv(), so the records' repro command is that exact run)."""
-    from ..runner import run_case
-    from ..spec import RunSpec
+    from ..harness.runner import run_case
+    from ..harness.spec import RunSpec
     run = RunSpec.from_argv(argv).check()
     return run_case(run, progress=lambda *_: None, measure_ceiling=False)
 
@@ -91,8 +91,8 @@ def roundtrip_child(argv: list[str]) -> list[dict]:
 def roundtrip_spec(backend: str, device: str, ep: int, ranks_per_gpu: int, num_tokens: int, o, knobs: dict):
     """The run one round trip makes (roundtrip_plan's device, EP and ranks per GPU), short timing,
     the check's shape."""
-    from ..spec import RunSpec
-    from ..workload import Workload
+    from ..core.workload import Workload
+    from ..harness.spec import RunSpec
     w = Workload(num_tokens=num_tokens, hidden=o.hidden, num_experts=o.num_experts, topk=o.topk, ep=ep,
                  gpus_per_node=ep)
     return RunSpec(workload=w, backends=(backend,), explicit=True, device=device, iters=o.iters, warmup_ms=100.0,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-from ..megatron_map import BACKENDS
+from ..core.megatron_map import BACKENDS
 from . import child
 from .registry import Context
 

@@ -9,7 +9,7 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from .. import results as _results
+from ..records import provenance as _results
 from .registry import FAIL, STATUSES, WAIVED, Result
 
 SCHEMA = "moebench.check/1"

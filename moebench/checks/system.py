@@ -9,9 +9,10 @@ import os
 import platform
 from pathlib import Path
 
-from .. import buildkind, ceilings, topology
-from ..toolkit import dist_version
-from ..topology import nvml
+from ..core import ceilings
+from ..env import buildkind, topology
+from ..env.toolkit import dist_version
+from ..env.topology import nvml
 from . import imports
 from .registry import Context, failed, passed, register, waived
 

@@ -14,9 +14,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..env.toolkit import CSRC_DIR, find_nvcc
+
 _C = None
 _why = "not loaded yet"
-CSRC = Path(__file__).resolve().parents[2] / "csrc"
+CSRC = CSRC_DIR
 SOURCES = ("moe_permute.cu", "bindings.cpp")
 # Kernel variant bits (csrc/moe_permute.h): impl "cuda@V" picks V per call; these are the defaults.
 VARIANT_PERMUTE = int(os.environ.get("MOEBENCH_CUDA_PERMUTE_VARIANT", "0"))
@@ -29,7 +31,6 @@ def _jit_build():
     from torch.utils import cpp_extension
     if torch.version.cuda is None:
         raise RuntimeError("torch has no CUDA")
-    from moebench.toolkit import find_nvcc
     if find_nvcc() is None:
         raise RuntimeError("nvcc not found (set CUDA_HOME or PATH)")
     srcs = [CSRC / s for s in SOURCES]

@@ -15,9 +15,18 @@ try:
 except ImportError:  # pragma: no cover - Triton without host-side tensor descriptors (< 3.3)
     TensorDescriptor = None
 
+from .triton_kernels import (
+    _permute_copy,
+    _permute_copy_tma,
+    _route_rank,
+    _route_scan,
+    _sort_chunks,
+    _unpermute,
+    _zero_pad,
+    gdc_wait,
+)
 from .triton_launch import launch
-from .triton_kernels import (_permute_copy, _permute_copy_tma, _route_rank, _route_scan, _sort_chunks,
-                             _unpermute, _zero_pad, gdc_wait)
+
 
 class Knobs(NamedTuple):
     """Tunables (per-kernel block sizes). impl "triton@BH:WARPS:UBH:UWARPS:TMA:CS:SB:RW:EB:BB:SW:PDL"

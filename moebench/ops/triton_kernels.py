@@ -36,6 +36,7 @@ import os
 
 import triton
 import triton.language as tl
+
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover - Triton < 3.3: no programmatic dependent launch (PDL stays 0)

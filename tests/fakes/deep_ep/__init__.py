@@ -56,5 +56,5 @@ class HybridEPBuffer:
 
 
 if os.environ.get("FAKE_DEEP_EP_CTOR") == "sim":
-    from .sim import Buffer, Config  # noqa: E402,F401,F811
     from .hybrid_sim import HybridEPBuffer  # noqa: E402,F401,F811
+    from .sim import Buffer, Config  # noqa: E402,F401,F811

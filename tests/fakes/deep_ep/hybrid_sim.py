@@ -11,7 +11,6 @@ experts) and combines are unweighted sums. The handle's first slot holds the gat
 import os
 
 import torch
-import torch.distributed as dist
 
 from .sim import _gather
 

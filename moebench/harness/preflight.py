@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.megatron_map import MCORE_PREFIX
+from ..core.workload import Workload, make_routing
 from .launch import joined_env
-from .megatron_map import MCORE_PREFIX
 from .timing import L2_FLUSH_BYTES
-from .workload import Workload, make_routing
 
 GiB = 2**30
 RANK_PROCESS_HOST = 240 * 2**20      # a CPU rank: Python, torch and a gloo group (RSS, measured)
@@ -85,7 +85,7 @@ def rank_bytes(name: str, dedup: bool, w: Workload, c: dict, r: int, cuda: bool)
         return held + peak + RANK_PROCESS_HOST
     extra = L2_FLUSH_BYTES + RANK_CONTEXT_CUDA
     if name == "deepep-ll":
-        from .backends.deepep import ll_buffer_bytes
+        from ..backends.deepep import ll_buffer_bytes
         extra += ll_buffer_bytes(w) + w.num_experts * T * 2 * H
     elif name in DEDUP_BUFFERS:
         extra += w.ep * T * (b + 2 * H)
@@ -150,14 +150,14 @@ def memory_problem(name: str, dedup: bool, w: Workload, opts) -> str:
 def waiver(name: str, w: Workload, opts) -> str:
     """Why a backend that is installed and takes the shape still cannot run here ('' when it can):
     runner.waiver's last check, made before any rank starts."""
-    from .backends import base
+    from ..backends import base
     return needs_cuda(name, opts) or memory_problem(name, base.get(name).dedup, w, opts)
 
 
 def refusal(name: str, w: Workload, opts) -> str:
     """For a backend named on the command line (bad input, exit 2): the memory problem of one that
     would otherwise run here; '' when it fits, or when it will be WAIVED anyway."""
-    from .backends import base
+    from ..backends import base
     cls = base.get(name)
     if not cls.available()[0] or needs_cuda(name, opts):
         return ""

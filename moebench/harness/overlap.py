@@ -23,9 +23,8 @@ import time
 
 import torch
 
-from . import record
+from ..core.workload import WorkloadError
 from .timing import Timer, stats
-from .workload import WorkloadError
 
 FIELDS = ("comm_alone_us", "gemm_alone_us", "overlapped_us", "exposed_us", "gemm_slowdown")
 
@@ -116,33 +115,3 @@ def measure(timer: Timer, fn, gemm: Gemm, comm_alone_us: float, iters: int, warm
             "overlapped_us": over.median_us, "overlapped_p10_us": over.p10_us, "overlapped_p90_us": over.p90_us,
             "gemm_overlapped_us": g_over, "exposed_us": over.median_us - g_alone.median_us,
             "gemm_slowdown": g_over / g_alone.median_us, "order": "GEMM alone and overlapped alternate per iteration"}
-
-
-def decide(records: list[dict], backend: str) -> dict:
-    """Whether overlap pays for `backend`, from its PASS dispatch and combine records with overlap
-    figures: {on, why, hidden_us, noise_us, ...}. It pays when the time it hides (comm alone -
-    exposed, summed over both phases; the GEMM's slowdown is inside `exposed`) exceeds the noise
-    (p90 - median of the overlapped and of the GEMM-alone times)."""
-    from . import record
-    last = {r["phase"]: r for r in records if record.name(r) == backend and r.get("overlap")
-            and record.status(r) == "PASS" and r.get("phase") in ("dispatch", "combine")}
-    if set(last) != {"dispatch", "combine"}:
-        return {"on": False, "backend": backend,
-                "why": f"no overlap figures for {backend}'s dispatch and combine: run moebench.dispatch --overlap gemm"}
-    o = [last[p]["overlap"] for p in ("dispatch", "combine")]
-    comm = sum(x["comm_alone_us"] for x in o)
-    exposed = sum(x["exposed_us"] for x in o)
-    noise = sum((x["overlapped_p90_us"] - x["overlapped_us"]) + (x["gemm_alone_p90_us"] - x["gemm_alone_us"]) for x in o)
-    hidden = comm - exposed
-    slow = max(x["gemm_slowdown"] for x in o)
-    figures = (f"{backend}: dispatch+combine alone {comm:.1f} us, exposed beside the GEMM {exposed:.1f} us, "
-               f"GEMM slowed up to {slow:.2f}x, noise {noise:.1f} us")
-    if hidden > noise:
-        why = f"overlap hides {hidden:.1f} us per dispatch+combine, more than the noise ({figures})"
-    elif hidden <= 0:
-        why = f"the GEMM's slowdown eats the gain: exposed time is not below the time alone ({figures})"
-    else:
-        why = f"the {hidden:.1f} us overlap would hide is within the noise ({figures})"
-    return {"on": hidden > noise, "backend": backend, "why": why, "hidden_us": hidden, "noise_us": noise,
-            "comm_alone_us": comm, "exposed_us": exposed, "gemm_slowdown": slow,
-            "functional": any(record.is_functional(last[p]) for p in last)}

@@ -184,3 +184,20 @@ def kernel_profile(fn, cuda: bool, n: int = 5, top: int = 8) -> list[dict]:
             rows.append({"kernel": ev.key[:80], "calls_per_iter": ev.count / n, "us_per_iter": us / n})
     rows.sort(key=lambda r: -r["us_per_iter"])
     return rows[:top] if top else rows
+
+
+def measure_alltoall(timer, group, device, bytes_per_rank: int, iters: int = 20, warmup_ms: float = 50):
+    """busbw of a plain all_to_all_single moving `bytes_per_rank` out of each rank in equal splits.
+
+    Returns (median seconds, busbw GB/s counting the (W-1)/W of bytes that leave the rank), or
+    None with one rank (nothing crosses a link).
+    """
+    world = dist.get_world_size(group)
+    if world < 2:
+        return None
+    n = max(world, bytes_per_rank // 2 // world * world)
+    src = torch.randn(n, device=device).to(torch.bfloat16)
+    dst = torch.empty_like(src)
+    st = timer.run(lambda: dist.all_to_all_single(dst, src, group=group), iters, warmup_ms)
+    seconds = st.median_us * 1e-6
+    return seconds, n * 2 * (world - 1) / world / seconds * 1e-9

@@ -1,6 +1,7 @@
 """What is installed here: the CUDA toolkit (one nvcc lookup for everything that compiles: the ops
-JIT build, the p2p probe, HybridEP's kernel JIT and the checks that report on it) and Python
-packages (found or versioned without importing them)."""
+JIT build, the p2p probe, HybridEP's kernel JIT and the checks that report on it), Python packages
+(found or versioned without importing them), and moebench's own data files (CUDA sources, sweeps),
+which ship inside the package so that a wheel install finds them."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -10,6 +11,9 @@ import shutil
 from pathlib import Path
 
 DEFAULT_HOMES = ("/usr/local/cuda",)  # where torch's cpp_extension also looks last
+PACKAGE_DIR = Path(__file__).resolve().parents[1]   # the moebench package, installed or a checkout's
+CSRC_DIR = PACKAGE_DIR / "csrc"                      # CUDA sources: the ops' JIT build, the probes
+SWEEPS_DIR = PACKAGE_DIR / "sweeps"                  # named sweeps (--sweep NAME)
 
 
 def find_nvcc() -> str | None:

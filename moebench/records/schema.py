@@ -166,3 +166,30 @@ def performance_only(recs: list[dict], tool: str) -> list[dict]:
         print(f"# {tool}: left out {len(recs) - len(keep)} record(s) that are {FUNCTIONAL_NOTE}", file=sys.stderr)
     return keep
 
+
+TUNABLE = ("num_sms",)        # backend.knobs keys that count as a knob setting without sweep tags
+
+
+def knobs_of(r: dict) -> dict:
+    """The knob setting a record was run with: its sweep tag, else the tunable backend knobs."""
+    tag = r.get("sweep") or {}
+    if tag.get("knobs"):
+        return dict(tag["knobs"])
+    return {k: v for k, v in ((r.get("backend") or {}).get("knobs") or {}).items() if k in TUNABLE}
+
+
+def knob_str(r: dict) -> str:
+    short = lambda k: k.replace("env:NUM_OF_TOKENS_PER_CHUNK_", "chunk_").replace("_API", "").lower()  # noqa: E731
+    return " ".join(f"{short(k)}={v}" for k, v in sorted(knobs_of(r).items()))
+
+
+def latest(records: list[dict]) -> list[dict]:
+    """One record per (workload, backend, knobs, phase, device, GPU): the last one read wins, tagged
+    `_runs` with how many runs of that case were read (tables say so; --compare pools them all)."""
+    seen, runs = {}, {}
+    for r in records:
+        key = (json.dumps(r["workload"], sort_keys=True), name(r), knob_str(r), r.get("phase"),
+               r.get("device"), gpu(r))
+        seen[key] = r
+        runs[key] = runs.get(key, 0) + 1
+    return [{**r, "_runs": runs[k]} for k, r in seen.items()]

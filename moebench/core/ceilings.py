@@ -6,9 +6,6 @@ the per-GPU NIC share across nodes.
 """
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
-
 # (substring of the device name, NVLink GB/s per direction per GPU); first match wins
 NVLINK_NOMINAL = (
     ("GB300", 900.0), ("B300", 900.0), ("GB200", 900.0), ("B200", 900.0),
@@ -33,20 +30,3 @@ def ceiling_for(gpu_name: str | None, net_bytes: float, override_gbps: float | N
         return {"ceiling_GBps": NIC_NOMINAL_GBPS, "ceiling_source": "nominal NIC 400 Gb/s"}
     nv = nominal_nvlink(gpu_name)
     return {"ceiling_GBps": nv, "ceiling_source": f"nominal NVLink ({gpu_name})" if nv else None}
-
-
-def measure_alltoall(timer, group, device, bytes_per_rank: int, iters: int = 20, warmup_ms: float = 50):
-    """busbw of a plain all_to_all_single moving `bytes_per_rank` out of each rank in equal splits.
-
-    Returns (median seconds, busbw GB/s counting the (W-1)/W of bytes that leave the rank), or
-    None with one rank (nothing crosses a link).
-    """
-    world = dist.get_world_size(group)
-    if world < 2:
-        return None
-    n = max(world, bytes_per_rank // 2 // world * world)
-    src = torch.randn(n, device=device).to(torch.bfloat16)
-    dst = torch.empty_like(src)
-    st = timer.run(lambda: dist.all_to_all_single(dst, src, group=group), iters, warmup_ms)
-    seconds = st.median_us * 1e-6
-    return seconds, n * 2 * (world - 1) / world / seconds * 1e-9

@@ -2,7 +2,7 @@
 
 Each backend runs in its own launch of rank processes, so one that crashes or hangs is reported
 FAIL and the next backend still runs. Rank results come back to the parent, which applies the
-byte rule (traffic.py) and builds the JSONL records (record.DispatchRecord).
+byte rule (traffic.py) and builds the JSONL records (records/schema.DispatchRecord).
 """
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from . import ceilings, overlap, preflight, reference, results, traffic, views
-from .backends import base
+from ..backends import base
+from ..core import ceilings, reference, traffic
+from ..core.workload import Workload, WorkloadError, make_routing, rank_inputs
+from ..records import provenance
+from ..records.schema import PHASES, DispatchRecord
+from . import overlap, preflight, views
 from .launch import LaunchError, RankContext, environment, run_ranks
-from .record import PHASES, DispatchRecord
 from .spec import Options, RunSpec
-from .timing import Timer
-from .workload import Workload, WorkloadError, make_routing, rank_inputs
+from .timing import Timer, measure_alltoall
 
 
 def _result(status: str, error: str = "") -> dict:
@@ -104,7 +106,7 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
     _time(b, out, timer, ctx, w, opts, payload, idx, wt, s, checked["d"], checked["y"])
     if measure:
         bytes_per_rank = w.num_tokens * w.topk * w.bytes_per_token
-        out["a2a"] = ceilings.measure_alltoall(timer, ctx.group, dev, bytes_per_rank, opts.iters)
+        out["a2a"] = measure_alltoall(timer, ctx.group, dev, bytes_per_rank, opts.iters)
     b.teardown()
     out.update(status="PASS", knobs=b.knobs())
     return out
@@ -197,7 +199,7 @@ def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print,
     rank_bytes = (t.pairs_SD.sum(0).double() * w.bytes_per_token).tolist()
     recs, measured = [], None
     for name in spec.backends:
-        start = results.utc_now()
+        start = provenance.utc_now()
         why = waiver(name, w, opts)
         if why:
             res = _result("WAIVED", why)
@@ -228,7 +230,7 @@ def waiver(name: str, w: Workload, opts: Options) -> str:
 
 
 def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
-    prov = results.provenance()
+    prov = provenance.provenance()
     gpu = prov.get("gpu") if not opts.functional else None     # no ceiling fraction for functional runs
     cls = base.get(name)
     phases = res["phases"] or {"dispatch": None, "combine": None}
@@ -254,12 +256,12 @@ def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
                  **({"crash": res["crash"]} if res.get("crash") else {}),
                  **({"native_bytes": res["native_bytes"]} if res.get("native_bytes") and phase == "dispatch" else {})}
         recs.append(DispatchRecord(
-            argv=argv, repro=results.repro_command(argv, "moebench.dispatch"), workload=w.asdict(),
+            argv=argv, repro=provenance.repro_command(argv, "moebench.dispatch"), workload=w.asdict(),
             device=opts.device, backend={"name": name, "version": res.get("version"), "knobs": res.get("knobs"),
                                          "dedup": cls.dedup},
             phase=phase, timing=timing, traffic=rec_traffic, kernels=res.get("kernels", {}).get(phase),
             views=res.get("views", {}).get(phase), overlap=res.get("overlap", {}).get(phase), check=check,
-            env=prov, start_utc=start, end_utc=results.utc_now(), functional=opts.functional,
+            env=prov, start_utc=start, end_utc=provenance.utc_now(), functional=opts.functional,
             shared_gpu=({"ranks_per_gpu": opts.ranks_per_gpu, "bypassed": res.get("bypassed") or [],
                          "note": SHARED_NOTE} if opts.ranks_per_gpu > 1 else None)).asdict())
     return recs

@@ -1,4 +1,4 @@
-"""Named sweeps for `python -m moebench.dispatch --sweep NAME`: shapes from bench/sweeps/NAME.toml,
+"""Named sweeps for `python -m moebench.dispatch --sweep NAME`: shapes from moebench/sweeps/NAME.toml,
 the machine (EP, device, backends, iterations, seed, GPUs per node) from the command line.
 
 A sweep file is TOML (or JSON) with `hidden`, `num_experts`, `topk`, `num_tokens` and optionally
@@ -25,16 +25,16 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import record, results
-from .cli import sig3
-from .backends.base import REGISTRY
-from .knobs import best_knobs, format_best, knobs_of, unknown_knob
-from .record import read_dispatch
+from ..backends.base import REGISTRY
+from ..core.workload import Workload, WorkloadError
+from ..env.toolkit import SWEEPS_DIR
+from ..records import schema, writer
+from ..records.knobs import best_knobs
+from ..records.schema import knobs_of, read_dispatch
+from ..records.tables import format_best, sig3
 from .runner import run_case
-from .spec import RunSpec
-from .workload import Workload, WorkloadError
+from .spec import RunSpec, unknown_knob
 
-SWEEP_DIR = Path(__file__).resolve().parent.parent / "bench" / "sweeps"
 SHAPE_KEYS = ("hidden", "num_experts", "topk", "num_tokens", "routing", "dtype")
 
 
@@ -73,7 +73,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def known() -> list[str]:
-    return sorted(p.stem for p in SWEEP_DIR.glob("*.toml")) + sorted(p.stem for p in SWEEP_DIR.glob("*.json"))
+    return sorted(p.stem for p in SWEEPS_DIR.glob("*.toml")) + sorted(p.stem for p in SWEEPS_DIR.glob("*.json"))
 
 
 def resolve(name: str) -> Path:
@@ -83,8 +83,8 @@ def resolve(name: str) -> Path:
             return p
         raise WorkloadError(f"sweep file {name} not found")
     for suffix in (".toml", ".json"):
-        if (SWEEP_DIR / (name + suffix)).is_file():
-            return SWEEP_DIR / (name + suffix)
+        if (SWEEPS_DIR / (name + suffix)).is_file():
+            return SWEEPS_DIR / (name + suffix)
     raise WorkloadError(f"unknown sweep {name!r} (known: {', '.join(known())}; or give a .toml/.json path)")
 
 
@@ -176,7 +176,7 @@ def run_tagged(run: RunSpec, s: Sweep, case: Case) -> list[dict]:
 
 
 def _summary_line(r: dict) -> str:
-    t, tr = record.timing(r), record.traffic(r)
+    t, tr = schema.timing(r), schema.traffic(r)
     med = f"{sig3(t['median_us']):>10} us" if t.get("median_us") is not None else "         - us"
     bw = f"busbw {sig3(tr['busbw_GBps']):>8} GB/s" if tr.get("busbw_GBps") is not None else ""
     err = f" ({r['check']['error']})" if r["check"].get("error") else ""
@@ -215,21 +215,21 @@ class SweepState:
             print(f"    skipped: {e}")
             return
         self.history.append((case_work(case.w), time.monotonic() - t0))
-        results.write_jsonl(self.base.out, [r for r in recs if not self.repeats_waiver(r)])
+        writer.write_jsonl(self.base.out, [r for r in recs if not self.repeats_waiver(r)])
         self.records += recs
         self.done |= done_keys(recs, self.redo_failed)     # keys only grow: no rescan of all records
         self.ran += 1
         for r in recs:
             print(_summary_line(r), flush=True)
-            if record.status(r) == "FAIL":
+            if schema.status(r) == "FAIL":
                 self.failed.add(label(self.s, case))
 
     def repeats_waiver(self, r: dict) -> bool:
         """A WAIVED record the file already holds (same case, phase and reason): not appended again."""
-        if record.status(r) != "WAIVED":
+        if schema.status(r) != "WAIVED":
             return False
         if self.waivers is None:
-            self.waivers = {_waiver_key(x) for x in self.records if record.status(x) == "WAIVED"}
+            self.waivers = {_waiver_key(x) for x in self.records if schema.status(x) == "WAIVED"}
         key = _waiver_key(r)
         seen = key in self.waivers
         self.waivers.add(key)
@@ -243,7 +243,7 @@ class SweepState:
 
 
 def _waiver_key(r: dict) -> tuple:
-    return ((r.get("sweep") or {}).get("case"), r.get("phase"), record.error(r))
+    return ((r.get("sweep") or {}).get("case"), r.get("phase"), schema.error(r))
 
 
 def done_keys(records: list[dict], redo_failed: bool = False) -> set[str]:
@@ -252,7 +252,7 @@ def done_keys(records: list[dict], redo_failed: bool = False) -> set[str]:
     keep = ("PASS",) if redo_failed else ("PASS", "FAIL")
     keys = set()
     for r in records:
-        if record.status(r) not in keep:
+        if schema.status(r) not in keep:
             continue
         tag = r.get("sweep") or {}
         keys.add(tag.get("case") or case_key(r.get("workload", {}), (r.get("backend") or {}).get("name"),

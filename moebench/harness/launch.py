@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .workload import WorkloadError
+from ..core.workload import WorkloadError
 
 
 class LaunchError(RuntimeError):
@@ -145,7 +145,7 @@ def _init(rank: int, world: int, local_rank: int, device_type: str, timeout_s: f
 
 PR_SET_PDEATHSIG = 1
 OOM_HINT = (", likely out of memory (the kernel's OOM killer sends SIGKILL; lower --num-tokens, --hidden or --ep, "
-            "and see the memory estimate in moebench/preflight.py)")
+            "and see the memory estimate in moebench/harness/preflight.py)")
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -3,7 +3,7 @@
   flags     Megatron-LM flags, Megatron-Bridge overrides and env for the winner of a matched A/B in
             a moebench results file (--results FILE, one decision per workload), or for a named
             backend (--backend NAME [--num-sms N]). A candidate replaces alltoall only when it beats
-            it by more than the measured noise (see moebench/flags.py).
+            it by more than the measured noise (see moebench/megatron/flags.py).
   validate  A short megatron-core training run (small GPT with MoE layers, mock data, same seed):
             the control (alltoall), then the candidate, each in its own launch. Reports steady-window
             step time, model TFLOP/s per GPU (Megatron's arithmetic), loss finite and falling, skipped/
@@ -16,11 +16,12 @@ import argparse
 import json
 import sys
 
+from .. import cli
+from ..core.megatron_map import BACKENDS, CONTROL
+from ..env.toolkit import dist_version, installed
+from ..records import provenance, writer
+from ..records.schema import FUNCTIONAL_NOTE, performance_only, read_dispatch
 from . import flags as F
-from . import cli, results
-from .megatron_map import BACKENDS, CONTROL
-from .record import FUNCTIONAL_NOTE, performance_only, read_dispatch
-from .toolkit import dist_version, installed
 
 VALIDATE_SCHEMA = "moebench.megatron.validate/1"
 FLAGS_SCHEMA = "moebench.megatron.flags/1"
@@ -99,7 +100,7 @@ def cmd_flags(args) -> int:
 
 
 def _validate_spec(args):
-    from .mcore_train import TrainSpec
+    from .train import TrainSpec
     spec = TrainSpec(steps=args.steps, num_layers=args.num_layers, hidden=args.hidden, heads=args.heads,
                      ffn_hidden=args.ffn_hidden, num_experts=args.num_experts, topk=args.topk,
                      seq_length=args.seq_length, micro_batch=args.micro_batch, vocab=args.vocab, lr=args.lr,
@@ -120,7 +121,8 @@ def _validate_spec(args):
 def _validate_env(args) -> tuple[str, int]:
     """(device type, world); raises FlagsError (exit 2) when this machine cannot run it."""
     import torch
-    from .launch import joined_env
+
+    from ..harness.launch import joined_env
     if not installed("megatron.core"):
         raise F.FlagsError("validate needs megatron-core (pip install megatron-core)")
     joined = joined_env()
@@ -150,8 +152,8 @@ def _validate_env(args) -> tuple[str, int]:
 
 
 def run_training(spec, dispatcher: str, device: str, world: int, timeout: float) -> dict:
-    from .launch import LaunchError, run_ranks
-    from .mcore_train import rank_train, summarize
+    from ..harness.launch import LaunchError, run_ranks
+    from .train import rank_train, summarize
     try:
         ranks = run_ranks(rank_train, world, device, timeout, args=(spec, dispatcher, device == "cpu"))
     except LaunchError as e:
@@ -199,10 +201,10 @@ def cmd_validate(args, argv) -> int:
     _compare_to_control(out)
     from tabulate import tabulate
     print(tabulate([_row(r["role"], r) for r in out], headers=TABLE, tablefmt="simple", disable_numparse=True))
-    prov, now = results.provenance(), results.utc_now()
-    recs = [{"schema": VALIDATE_SCHEMA, "argv": argv, "repro": results.repro_command(argv, "moebench.megatron"),
+    prov, now = provenance.provenance(), provenance.utc_now()
+    recs = [{"schema": VALIDATE_SCHEMA, "argv": argv, "repro": provenance.repro_command(argv, "moebench.megatron"),
              "device": device, "functional": device == "cpu", **r, "env": prov, "end_utc": now} for r in out]
-    results.write_jsonl(args.out, recs)
+    writer.write_jsonl(args.out, recs)
     print(f"# {len(recs)} records appended to {args.out}")
     failed = [r for r in out if r["status"] != "PASS"]
     what = "validation" if device == "cuda" else "CPU functional run (not a validation: run on GPUs for that)"
@@ -235,6 +237,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"moebench.megatron {args.cmd}: error: {e}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(cli.run(main, "moebench.megatron"))

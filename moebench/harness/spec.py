@@ -14,11 +14,10 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
+from ..backends import base
+from ..core.workload import DTYPES, Workload, WorkloadError
 from . import overlap, preflight
-from .backends import base
-from .knobs import ENV_KNOB, unknown_knob
 from .launch import pick_device
-from .workload import DTYPES, Workload, WorkloadError
 
 CPU_DEFAULT_SHAPE = {"num_tokens": 256, "hidden": 1024}   # keeps --ep 8 under a minute on 2 cores
 OPS_IMPLS = ("auto", "torch", "triton", "cuda")
@@ -80,7 +79,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per backend launch")
     p.add_argument("--overlap", metavar="gemm[:MxNxK]",
                    help="also time each phase under a concurrent bf16 GEMM (default shape: received rows x hidden "
-                        "x hidden) and record exposed time and GEMM slowdown (moebench/overlap.py)")
+                        "x hidden) and record exposed time and GEMM slowdown (moebench/harness/overlap.py)")
 
 
 def parse_knob(kv: str) -> tuple[str, int | str]:
@@ -134,7 +133,7 @@ class RunSpec:
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> RunSpec:
-        p = argparse.ArgumentParser(prog="moebench.spec")
+        p = argparse.ArgumentParser(prog="moebench.harness.spec")
         add_args(p)
         return cls.from_args(p.parse_args(argv))
 
@@ -208,3 +207,35 @@ def _workload(args, cpu: bool) -> Workload:
             shape[k] = CPU_DEFAULT_SHAPE[k] if cpu else Workload.__dataclass_fields__[k].default
     return Workload(num_experts=args.num_experts, topk=args.topk, ep=args.ep, dtype=args.dtype,
                     routing=args.routing, seed=args.seed, gpus_per_node=args.gpus_per_node, **shape)
+
+
+ENV_KNOB = "env:"             # a knob env:VAR=V sets VAR for the rank processes instead of reaching the backend
+
+
+def backend_knobs() -> dict[str, tuple[str, ...]]:
+    """The knob names each backend reads from its knob_values (`--ops-impl` and `--num-sms` arrive as
+    ops_impl and num_sms; mcore_cpu_emulation is for tests). tests/test_robust_knobs.py checks this
+    table against the names the backend modules read."""
+    from ..backends.hybridep import SM_KNOBS
+    deepep = ("num_sms", "ops_impl")
+    mcore_flex = ("num_sms", "mcore_cpu_emulation", "moe_permute_fusion")
+    return {"alltoall": ("ops_impl",), "deepep": deepep, "deepep-ll": deepep,
+            "hybridep": ("mode", "num_sms", *SM_KNOBS, "ops_impl"),
+            "mcore-alltoall": ("mcore_cpu_emulation", "moe_permute_fusion"),
+            "mcore-deepep": mcore_flex, "mcore-hybridep": mcore_flex}
+
+
+def unknown_knob(names, backends, flag: str = "--knob") -> str:
+    """'' when every knob name is env:VAR or read by at least one of the backends; else one line
+    naming the flag, the knob and the knob names those backends know."""
+    known = backend_knobs()
+    for n in names:
+        if n.startswith(ENV_KNOB):
+            if not n[len(ENV_KNOB):]:
+                return f"{flag} {n}: env:VAR names no variable"
+            continue
+        if not any(n in known.get(b, ()) for b in backends):
+            listed = "; ".join(f"{b}: {', '.join(known.get(b, ())) or 'none'}" for b in backends)
+            return (f"{flag} {n}: no backend of this run reads a knob {n!r} (known: {listed}; "
+                    f"or {ENV_KNOB}VAR=V for the rank processes' environment)")
+    return ""

@@ -23,11 +23,11 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 
-from . import megatron_map, record
-from .knobs import ENV_KNOB
-from .megatron_map import BACKENDS, CONTROL
-from .record import PHASES
-
+from ..core import megatron_map
+from ..core.megatron_map import BACKENDS, CONTROL
+from ..harness.spec import ENV_KNOB
+from ..records import schema
+from ..records.schema import PHASES
 
 
 class FlagsError(ValueError):
@@ -132,12 +132,12 @@ def summarize(records: list[dict]) -> dict[str, Summary]:
     """name -> Summary over the dispatch and combine phases (the last record of each phase wins)."""
     last: dict[str, dict[str, dict]] = {}
     for r in records:
-        last.setdefault(record.name(r), {})[r["phase"]] = r
+        last.setdefault(schema.name(r), {})[r["phase"]] = r
     out = {}
     for name, phases in last.items():
         recs = [phases.get(p) for p in PHASES]
         any_rec = next(r for r in phases.values())
-        s = Summary(name, record.status(any_rec), record.error(any_rec),
+        s = Summary(name, schema.status(any_rec), schema.error(any_rec),
                     knobs=any_rec["backend"].get("knobs") or {}, env=(any_rec.get("env") or {}).get("env") or {})
         if s.status == "PASS":
             if any(r is None or not r.get("timing") for r in recs):
@@ -250,20 +250,20 @@ def decisions_from_results(records: list[dict], version: str, overlap: bool = Fa
 
 
 def _overlap_verdict(recs: list[dict], d: dict) -> dict:
-    """overlap.decide for the backend whose flags are emitted: the winner's records, else the
+    """overlap_pays for the backend whose flags are emitted: the winner's records, else the
     control's (the Megatron path first)."""
-    from . import overlap
     names = [d["winner_record"]] if d["winner_record"] else [f"mcore-{CONTROL}", CONTROL]
-    verdicts = [overlap.decide(recs, n) for n in names]
+    verdicts = [overlap_pays(recs, n) for n in names]
     return next((v for v in verdicts if "hidden_us" in v), verdicts[0])
 
 
 def _best_setting_only(recs: list[dict]) -> tuple[list[dict], dict[str, dict]]:
     """Where a knob sweep timed a backend at several settings, keep only its fastest setting
     (knobs.best_knobs: lowest dispatch + combine median), so the A/B and the flags use it."""
-    from .knobs import best_knobs, knobs_of
+    from ..records.knobs import best_knobs
+    from ..records.schema import knobs_of
     best = {b["backend"]: b["knobs"] for b in best_knobs(recs) if b["settings"] > 1}
-    kept = [r for r in recs if record.name(r) not in best or knobs_of(r) == best[record.name(r)]]
+    kept = [r for r in recs if schema.name(r) not in best or knobs_of(r) == best[schema.name(r)]]
     return kept, best
 
 
@@ -296,3 +296,32 @@ def format_decision(d: dict) -> str:
         lines.append("env:             " + " ".join(f"{k}={v}" for k, v in f["env"].items()))
     lines += [f"# note: {n}" for n in f["notes"]]
     return "\n".join(lines)
+
+
+def overlap_pays(records: list[dict], backend: str) -> dict:
+    """Whether overlap pays for `backend`, from its PASS dispatch and combine records with overlap
+    figures: {on, why, hidden_us, noise_us, ...}. It pays when the time it hides (comm alone -
+    exposed, summed over both phases; the GEMM's slowdown is inside `exposed`) exceeds the noise
+    (p90 - median of the overlapped and of the GEMM-alone times)."""
+    last = {r["phase"]: r for r in records if schema.name(r) == backend and r.get("overlap")
+            and schema.status(r) == "PASS" and r.get("phase") in ("dispatch", "combine")}
+    if set(last) != {"dispatch", "combine"}:
+        return {"on": False, "backend": backend,
+                "why": f"no overlap figures for {backend}'s dispatch and combine: run moebench.dispatch --overlap gemm"}
+    o = [last[p]["overlap"] for p in ("dispatch", "combine")]
+    comm = sum(x["comm_alone_us"] for x in o)
+    exposed = sum(x["exposed_us"] for x in o)
+    noise = sum((x["overlapped_p90_us"] - x["overlapped_us"]) + (x["gemm_alone_p90_us"] - x["gemm_alone_us"]) for x in o)
+    hidden = comm - exposed
+    slow = max(x["gemm_slowdown"] for x in o)
+    figures = (f"{backend}: dispatch+combine alone {comm:.1f} us, exposed beside the GEMM {exposed:.1f} us, "
+               f"GEMM slowed up to {slow:.2f}x, noise {noise:.1f} us")
+    if hidden > noise:
+        why = f"overlap hides {hidden:.1f} us per dispatch+combine, more than the noise ({figures})"
+    elif hidden <= 0:
+        why = f"the GEMM's slowdown eats the gain: exposed time is not below the time alone ({figures})"
+    else:
+        why = f"the {hidden:.1f} us overlap would hide is within the noise ({figures})"
+    return {"on": hidden > noise, "backend": backend, "why": why, "hidden_us": hidden, "noise_us": noise,
+            "comm_alone_us": comm, "exposed_us": exposed, "gemm_slowdown": slow,
+            "functional": any(schema.is_functional(last[p]) for p in last)}

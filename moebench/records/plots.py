@@ -1,0 +1,174 @@
+"""Plots of records, for `moebench.report`.
+
+`plot_bandwidth` (--plot): GB/s against tokens per rank, one line per backend, with the nominal and
+measured ceiling lines, one panel per shape family x phase.
+
+`plot_overlap` (--overlap-plot): exposed time and GEMM slowdown against the SM knob.
+One line per (backend, phase) over its knob settings (a `--knob-sweep` of num_sms, or one point
+per run); a backend without an SM knob is one point at x = 0 ("no SM knob"), and when no record
+has an SM knob each (backend, phase) is one bar. Functional records
+(CPU, shared-GPU ranks) are plotted only when nothing else is, and the title says so.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..core.workload import describe
+from . import schema
+from .schema import PHASES
+from .tables import sig3
+
+METRICS = ("busbw", "algbw", "wirebw", "nvlink", "net")
+
+
+
+class PlotError(ValueError):
+    pass
+
+
+def _sms(r: dict) -> int:
+    k = schema.knobs_of(r)
+    for key in ("num_sms", "num_sms_dispatch", "num_sms_combine"):
+        if isinstance(k.get(key), int):
+            return k[key]
+    sms = ((r.get("backend") or {}).get("knobs") or {}).get("num_sms")
+    return sms if isinstance(sms, int) else 0
+
+
+def overlap_series(records: list[dict]) -> tuple[dict, bool]:
+    """{(backend, phase): sorted [(sms, exposed_us, gemm_slowdown)]}, and whether they are functional."""
+    recs = [r for r in records if r.get("overlap") and schema.status(r) == "PASS"]
+    real = [r for r in recs if not schema.is_functional(r)]
+    functional = not real
+    out: dict = {}
+    for r in real or recs:
+        o = r["overlap"]
+        out.setdefault((schema.name(r), r["phase"]), {})[_sms(r)] = (o["exposed_us"], o["gemm_slowdown"])
+    return {k: sorted((x, *v) for x, v in pts.items()) for k, pts in out.items()}, functional
+
+
+def plot_overlap(records: list[dict], path: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    lines, functional = overlap_series(records)
+    if not lines:
+        raise PlotError("no PASS records with overlap figures (run moebench.dispatch --overlap gemm)")
+    fig = Figure(figsize=(11, 4.2))
+    ax_e, ax_s = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    knobless = all(p[0] == 0 for pts in lines.values() for p in pts)   # no SM knob anywhere: one bar per line
+    keys = sorted(lines)
+    for i, key in enumerate(keys):
+        pts, label = lines[key], " ".join(key)
+        if knobless:
+            ax_e.bar(i, pts[0][1], label=label)
+            ax_s.bar(i, pts[0][2], label=label)
+            continue
+        xs = [p[0] for p in pts]
+        ax_e.plot(xs, [p[1] for p in pts], marker="o", label=label)
+        ax_s.plot(xs, [p[2] for p in pts], marker="o", label=label)
+    xlabel = "backend and phase (no SM knob)" if knobless else "SMs given to communication (0: no SM knob)"
+    for ax in (ax_e, ax_s):
+        ax.set_xlabel(xlabel)
+        if knobless:
+            ax.set_xticks(range(len(keys)), [" ".join(k) for k in keys], rotation=15, fontsize=7)
+    ax_e.set_ylabel("exposed us (overlapped - GEMM alone)")
+    ax_s.set_ylabel("GEMM time overlapped / alone")
+    ax_s.axhline(1.0, color="grey", lw=0.8)
+    ax_e.legend(fontsize=7)
+    w = next(r["workload"] for r in records if r.get("overlap"))
+    gemm = next(r["overlap"]["gemm"] for r in records if r.get("overlap"))
+    title = (f"T {w['num_tokens']} H {w['hidden']} E {w['num_experts']} K {w['topk']} EP {w['ep']}, GEMM {gemm}"
+             + (" - FUNCTIONAL ONLY, not performance figures" if functional else ""))
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    FigureCanvasAgg(fig).print_png(path)
+
+
+def _series(recs: list[dict], metric: str) -> dict[str, tuple[list, list]]:
+    """backend label -> (tokens, best GB/s over knob settings and repeats)."""
+    per: dict = {}
+    settings: dict = {}
+    for r in recs:
+        v = schema.traffic(r).get(f"{metric}_GBps")
+        if v is None:
+            continue
+        name = schema.name(r)
+        settings.setdefault(name, set()).add(schema.knob_str(r))
+        t = r["workload"]["num_tokens"]
+        per.setdefault(name, {})[t] = max(v, per.get(name, {}).get(t, 0.0))
+    out = {}
+    for name, pts in sorted(per.items()):
+        n = len(settings[name])
+        label = name + (f" (best of {n} knob settings)" if n > 1 else "")
+        out[label] = (sorted(pts), [pts[t] for t in sorted(pts)])
+    return out
+
+
+def _ceilings(recs: list[dict]) -> list[tuple[str, float, str]]:
+    """(kind, GB/s, label) for the nominal and measured ceilings recorded with these rows."""
+    out = []
+    nominal = [(r["traffic"]["ceiling_GBps"], r["traffic"].get("ceiling_source") or "nominal")
+               for r in recs if schema.traffic(r).get("ceiling_GBps")]
+    if nominal:
+        v, src = max(set(nominal), key=nominal.count)
+        out.append(("nominal", v, f"nominal ceiling {sig3(v)} GB/s ({src})"))
+    measured = [r["traffic"]["measured_ceiling_GBps"] for r in recs
+                if schema.traffic(r).get("measured_ceiling_GBps")]
+    if measured:
+        v = float(np.median(measured))
+        out.append(("measured", v, f"measured ceiling {sig3(v)} GB/s (all_to_all_single busbw)"))
+    return out
+
+
+def plot_bandwidth(records: list[dict], path: str | None = None, metric: str = "busbw"):
+    """GB/s against tokens per rank, one line per backend and the ceiling lines, one panel per
+    (shape family, phase); saved as PNG when `path` is given. Returns the matplotlib Figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    if metric not in METRICS:
+        raise PlotError(f"--metric must be one of {', '.join(METRICS)}")
+    recs = [r for r in schema.latest(records) if schema.timed(r) and r["phase"] in PHASES]
+    if not recs:
+        raise PlotError("no PASS records with timing to plot")
+    panels: dict = {}
+    for r in recs:
+        panels.setdefault((describe(r["workload"], tokens=False), r.get("device"), r["phase"]), []).append(r)
+    keys = sorted(panels, key=lambda k: (k[0], k[1] or "", PHASES.index(k[2])))
+    cols = 2 if len(keys) > 1 else 1
+    rows = math.ceil(len(keys) / cols)
+    fig = Figure(figsize=(7 * cols, 4.5 * rows))
+    FigureCanvasAgg(fig)
+    for i, key in enumerate(keys):
+        _panel(fig.add_subplot(rows, cols, i + 1), key, panels[key], metric)
+    fig.tight_layout()
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def _panel(ax, key, recs: list[dict], metric: str) -> None:
+    fam, device, phase = key
+    m = metric
+    note = ""
+    if m == "busbw" and all(not (r["traffic"].get("bus_bytes") or 0) for r in recs):
+        m, note = "algbw", " (EP 1: no remote pairs)"
+    ticks = set()
+    for label, (xs, ys) in _series(recs, m).items():
+        ax.plot(xs, ys, marker="o", label=label)
+        ticks.update(xs)
+    for kind, v, label in _ceilings(recs):
+        ax.axhline(v, linestyle="--" if kind == "nominal" else ":", color="k" if kind == "nominal" else "tab:red",
+                   label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
+    ax.set_xlabel("tokens per rank")
+    ax.set_ylabel(f"{m} GB/s{note}")
+    gpu = next((schema.gpu(r) for r in recs if schema.gpu(r)), None)
+    where = gpu or device
+    ax.set_title(f"{phase}: {fam} [{where}]" + (" CPU: functional only" if device == "cpu" else ""), fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
