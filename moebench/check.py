@@ -17,6 +17,7 @@ import sys
 from . import checks, cli
 from .checks import baseline, output
 from .checks.registry import FAIL, REGISTRY, Context, SelectionError
+from .harness.spec import add_shape_args
 from .records import provenance
 
 
@@ -42,11 +43,8 @@ def parser() -> argparse.ArgumentParser:
                    help="also gate these moebench.dispatch JSONL results against --baseline")
     p.add_argument("--ep", type=int, help="EP size the training run will use (hybridep.domain; default: visible GPUs)")
     p.add_argument("--tp", type=int, default=1, help="TP size of the training run (EP x TP vs the NVLink domain)")
-    p.add_argument("--num-tokens", type=int, default=4096, help="round-trip tokens per rank")
+    add_shape_args(p, tokens_help="round-trip tokens per rank")
     p.add_argument("--ll-num-tokens", type=int, default=128, help="round-trip tokens per rank for deepep-ll")
-    p.add_argument("--hidden", type=int, default=7168)
-    p.add_argument("--num-experts", type=int, default=256)
-    p.add_argument("--topk", type=int, default=8)
     p.add_argument("--iters", type=int, default=10, help="timed iterations of the round trips")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per contained probe")
     p.add_argument("--sysfs-root", default="/sys", help=argparse.SUPPRESS)

@@ -26,7 +26,7 @@ import torch
 
 from .core import ceilings, traffic
 from .core.workload import DTYPES, Workload, WorkloadError, make_routing
-from .harness.spec import check_options
+from .harness.spec import add_shape_args, check_options
 from .records import schema
 
 SAMPLE_BUDGET = 1 << 25        # routing scores generated at most (EP ranks x tokens x experts)
@@ -213,10 +213,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nvlink-gbps", type=float, help="NVLink GB/s per GPU per direction (default: nominal)")
     p.add_argument("--net-gbps", type=float, help=f"network GB/s per GPU (default {ceilings.NIC_NOMINAL_GBPS:g})")
     p.add_argument("--results", nargs="+", metavar="JSONL", help="measured results: predict from their busbw")
-    p.add_argument("--num-tokens", type=int, default=4096, help="tokens per rank")
-    p.add_argument("--hidden", type=int, default=7168)
-    p.add_argument("--num-experts", type=int, default=256)
-    p.add_argument("--topk", type=int, default=8)
+    add_shape_args(p)
     p.add_argument("--dtype", choices=DTYPES, default="bf16")
     p.add_argument("--routing", default="uniform", help="as moebench.dispatch (group:G:M for node-limited)")
     p.add_argument("--seed", type=int, default=0)

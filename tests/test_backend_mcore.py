@@ -21,11 +21,11 @@ from moebench.core import reference, workload
 from moebench.core.workload import Workload, WorkloadError
 from moebench.harness.launch import run_ranks
 from moebench.harness.runner import run_backend
-from moebench.harness.spec import Options
+from moebench.harness.spec import RunSpec
 
 HAVE_MCORE = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
 needs_mcore = pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core is not installed")
-EMULATE = Options(device="cpu", iters=2, warmup_ms=0, knobs={"mcore_cpu_emulation": True})
+EMULATE = dict(device="cpu", iters=2, warmup_ms=0, knobs={"mcore_cpu_emulation": True})
 
 
 def test_registered_names():
@@ -60,7 +60,7 @@ def test_validate_refuses_what_megatron_cannot_take():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
 def test_waived_without_cuda():
     w = Workload(num_tokens=32, hidden=128, num_experts=4, topk=2, ep=1)
-    r = run_backend(w, "mcore-alltoall", Options(device="cpu", iters=1, warmup_ms=0), measure=False)
+    r = run_backend(RunSpec(w, ("mcore-alltoall",), device="cpu", iters=1), "mcore-alltoall", measure=False)
     assert r["status"] == "WAIVED" and "CUDA" in r["error"]
 
 
@@ -68,7 +68,7 @@ def test_waived_without_cuda():
 @pytest.mark.parametrize("ep,E,K,routing", [(1, 8, 2, "uniform"), (2, 8, 4, "zipf:1.2")])
 def test_emulated_dispatcher_passes_oracle(ep, E, K, routing):
     w = Workload(num_tokens=64, hidden=256, num_experts=E, topk=K, ep=ep, routing=routing)
-    r = run_backend(w, "mcore-alltoall", EMULATE, measure=False)
+    r = run_backend(RunSpec(w, ("mcore-alltoall",), **EMULATE), "mcore-alltoall", measure=False)
     assert r["status"] == "PASS", r["error"]
     assert r["knobs"]["dispatcher_class"] == "MoEAlltoAllTokenDispatcher"
     assert set(r["phases"]) == {"dispatch", "combine"}
@@ -102,7 +102,7 @@ def test_combine_applies_probs():
 @pytest.mark.gpu
 def test_mcore_alltoall_oracle_on_gpu():
     w = Workload(num_tokens=1024, hidden=2048, num_experts=32, topk=8, ep=1)
-    r = run_backend(w, "mcore-alltoall", Options(device="cuda", iters=5, warmup_ms=20), measure=False)
+    r = run_backend(RunSpec(w, ("mcore-alltoall",), device="cuda", iters=5, warmup_ms=20), "mcore-alltoall", measure=False)
     assert r["status"] == "PASS", r["error"]
     assert r["phases"]["dispatch"]["median_us"] > 0
 

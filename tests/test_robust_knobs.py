@@ -30,7 +30,7 @@ def test_unknown_knob_names_the_flag_and_the_known_knobs(tmp_path, capsys, monke
 def test_known_and_env_knobs_still_pass():
     from moebench.harness.spec import RunSpec
     spec = RunSpec.from_argv([*TINY, "--backend", "all", "--knob", "mode=plain", "--knob", "env:CHUNK=64"])
-    assert spec.knobs["mode"] == "plain" and spec.options().env == {"CHUNK": "64"}
+    assert spec.knobs["mode"] == "plain" and spec.env == {"CHUNK": "64"}
     assert RunSpec.from_argv([*TINY, "--backend", "deepep", "--knob", "num_sms=24"]).knobs["num_sms"] == 24
 
 

@@ -12,13 +12,16 @@ from moebench.core.workload import Workload
 from moebench.env.toolkit import installed
 from moebench.harness import preflight, runner
 from moebench.harness.launch import LaunchError, run_ranks
-from moebench.harness.spec import Options, RunSpec
+from moebench.harness.spec import RunSpec
 
 GiB = 2**30
 README_2 = ["--ep", "8", "--backend", "alltoall,hybridep", "--num-tokens", "8192", "--hidden", "4096",
             "--num-experts", "128", "--routing", "zipf:1.2,masked:0.1"]
 SMALL = Workload(num_tokens=16, hidden=64, num_experts=8, topk=2, ep=2)
-CPU = Options(device="cpu", iters=1, warmup_ms=0)
+
+
+def spec(w, device="cpu", **kw):
+    return RunSpec(w, ("alltoall",), device=device, iters=1, **kw)
 
 
 def no_launch(*a, **k):
@@ -37,19 +40,19 @@ def test_readme_second_example_is_refused_on_a_24_gib_cpu_machine(tmp_path, caps
 
 
 def test_backend_all_waives_what_does_not_fit_without_launching(monkeypatch):
-    small = preflight.estimate("alltoall", False, SMALL, CPU).need
+    small = preflight.estimate("alltoall", False, spec(SMALL)).need
     monkeypatch.setattr(preflight, "available_bytes", lambda device: small - 1)
     monkeypatch.setattr(runner, "run_backend", no_launch)
     recs = runner.run_case(RunSpec(SMALL, ("alltoall",), iters=1), progress=lambda m: None)
     assert {r["check"]["status"] for r in recs} == {"WAIVED"}
     assert "estimate" in recs[0]["check"]["error"] and "GiB" in recs[0]["check"]["error"]
     monkeypatch.setattr(preflight, "available_bytes", lambda device: small)
-    assert runner.waiver("alltoall", SMALL, CPU) == ""
+    assert runner.waiver("alltoall", spec(SMALL)) == ""
 
 
 def test_sweep_skips_a_case_that_does_not_fit_with_the_estimate(tmp_path, capsys, monkeypatch):
     big = SMALL.replace(num_tokens=4096)
-    limit = (preflight.estimate("alltoall", False, SMALL, CPU).need + preflight.estimate("alltoall", False, big, CPU).need) // 2
+    limit = (preflight.estimate("alltoall", False, spec(SMALL)).need + preflight.estimate("alltoall", False, spec(big)).need) // 2
     monkeypatch.setattr(preflight, "available_bytes", lambda device: limit)
     sw = tmp_path / "s.toml"
     sw.write_text("num_experts = 8\ntopk = 2\nhidden = 64\nnum_tokens = [16, 4096]\n")
@@ -62,16 +65,16 @@ def test_sweep_skips_a_case_that_does_not_fit_with_the_estimate(tmp_path, capsys
 
 
 def test_estimate_grows_with_the_shape_and_counts_every_rank():
-    base = preflight.estimate("alltoall", False, SMALL, CPU)
-    twice = preflight.estimate("alltoall", False, SMALL.replace(num_tokens=32), CPU)
+    base = preflight.estimate("alltoall", False, spec(SMALL))
+    twice = preflight.estimate("alltoall", False, spec(SMALL.replace(num_tokens=32)))
     assert len(base.per_rank) == 2 and base.need == sum(base.per_rank)
     assert twice.need > base.need
-    gpu = Options(device="cuda", ranks_per_gpu=2)
-    assert preflight.estimate("deepep", True, SMALL, gpu).need > preflight.estimate("alltoall", False, SMALL, gpu).need
+    gpu = spec(SMALL, "cuda", ranks_per_gpu=2)
+    assert preflight.estimate("deepep", True, gpu).need > preflight.estimate("alltoall", False, gpu).need
 
 
-def peak_rss_of_a_rank(ctx, w, opts):
-    runner.rank_main(ctx, w, "alltoall", opts, False)
+def peak_rss_of_a_rank(ctx, run):
+    runner.rank_main(ctx, run, "alltoall", False)
     status = Path("/proc/self/status").read_text()
     return int(next(line for line in status.splitlines() if line.startswith("VmHWM")).split()[1]) * 1024
 
@@ -79,8 +82,8 @@ def peak_rss_of_a_rank(ctx, w, opts):
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from /proc")
 def test_estimate_is_near_the_ranks_measured_peak_memory():
     w = Workload(num_tokens=2048, hidden=2048, num_experts=16, topk=8, ep=2)
-    measured = run_ranks(peak_rss_of_a_rank, 2, "cpu", 300.0, args=(w, CPU))
-    est = preflight.estimate("alltoall", False, w, CPU).per_rank
+    measured = run_ranks(peak_rss_of_a_rank, 2, "cpu", 300.0, args=(spec(w),))
+    est = preflight.estimate("alltoall", False, spec(w)).per_rank
     ratios = [e / m for e, m in zip(est, measured)]
     assert all(0.7 <= x <= 1.3 for x in ratios), (ratios, measured)
 
@@ -93,7 +96,7 @@ def test_mcore_backends_on_cpu_are_waived_before_launching(monkeypatch):
     assert {r["backend"]["name"] for r in recs} == set(names)
     assert all(r["check"]["status"] == "WAIVED" for r in recs)
     assert any("need CUDA" in r["check"]["error"] for r in recs if r["backend"]["name"] == "mcore-alltoall")
-    assert preflight.needs_cuda("mcore-alltoall", Options(device="cpu", knobs={"mcore_cpu_emulation": True})) == ""
+    assert preflight.needs_cuda("mcore-alltoall", spec(SMALL, knobs={"mcore_cpu_emulation": True})) == ""
 
 
 def sigkill_rank0(ctx):

@@ -6,7 +6,7 @@ from moebench.backends.alltoall import AlltoallBackend
 from moebench.core.workload import Workload
 from moebench.harness.launch import run_ranks
 from moebench.harness.runner import rank_main
-from moebench.harness.spec import Options
+from moebench.harness.spec import RunSpec
 
 W = Workload(num_tokens=8, hidden=64, num_experts=4, topk=2, ep=2)
 
@@ -31,7 +31,7 @@ class WrongTokens(AlltoallBackend):
 
 def run_fake(ctx, name, cls_path):
     base.REGISTRY[name] = cls_path
-    return rank_main(ctx, W, name, Options(iters=1, warmup_ms=0), measure=False)
+    return rank_main(ctx, RunSpec(W, (name,), iters=1), name, measure=False)
 
 
 def test_a_backend_waived_on_one_rank_is_waived_on_all():

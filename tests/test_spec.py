@@ -31,9 +31,8 @@ def test_from_args_resolves_cpu_defaults_and_knobs():
                     "--knob", "env:CHUNK=64", "--knob", "mode=plain"])
     assert (spec.workload.num_tokens, spec.workload.hidden, spec.iters, spec.warmup_ms) == (256, 1024, 5, 0.0)
     assert not spec.explicit and "alltoall" in spec.backends
-    opts = spec.options()
-    assert opts.knobs == {"ops_impl": "auto", "num_sms": 8, "mode": "plain"} and opts.env == {"CHUNK": "64"}
-    assert opts.ranks_per_gpu == 1
+    assert spec.backend_knobs == {"ops_impl": "auto", "num_sms": 8, "mode": "plain"} and spec.env == {"CHUNK": "64"}
+    assert spec.ranks_per_gpu == 1
 
 
 def test_bad_knob_and_explicit_backend_that_cannot_run():
@@ -67,5 +66,5 @@ def test_shared_gpu_without_a_gpu_is_one_line_and_exit_2(capsys):
 
 def test_functional_options():
     spec = RunSpec(Workload(num_tokens=16, hidden=64, num_experts=8, topk=2, ep=2), ("alltoall",), device="cuda")
-    assert not spec.options().functional
-    assert spec.replace(ranks_per_gpu=2).options().functional and spec.replace(device="cpu").options().functional
+    assert not spec.functional
+    assert spec.replace(ranks_per_gpu=2).functional and spec.replace(device="cpu").functional

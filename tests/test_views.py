@@ -13,7 +13,7 @@ from moebench.dispatch import main
 from moebench.harness import views
 from moebench.harness.launch import run_ranks
 from moebench.harness.runner import PAYLOAD_OF, build_records, rank_main
-from moebench.harness.spec import Options
+from moebench.harness.spec import RunSpec
 
 W = Workload(num_tokens=16, hidden=64, num_experts=8, topk=2, ep=2)
 
@@ -41,7 +41,7 @@ RANK_BYTES = rank_bytes(W)
 
 def run_fake(ctx, name, cls_path, rb):
     base.REGISTRY[name] = cls_path
-    return rank_main(ctx, W, name, Options(iters=2, warmup_ms=0), measure=False, rank_bytes=rb)
+    return rank_main(ctx, RunSpec(W, (name,), iters=2), name, measure=False, rank_bytes=rb)
 
 
 def test_a_backend_whose_own_byte_count_differs_fails_the_check():
@@ -75,7 +75,7 @@ def test_layout_phase_has_no_bytes_and_no_gbps():
     t = traffic_of([make_routing(W, r)[0] for r in range(W.ep)], W)
     timing = {"median_us": 10.0, "p10_us": 9.0, "p90_us": 11.0}
     res = {"status": "PASS", "phases": {"dispatch": timing, "layout": timing}, "knobs": {}}
-    recs = build_records(W, "deepep", res, t, None, Options(), [], "now")
+    recs = build_records(RunSpec(W, ("deepep",)), "deepep", res, t, None, [], "now")
     by = {r["phase"]: r for r in recs}
     assert "algbw_GBps" in by["dispatch"]["traffic"] and by["dispatch"]["traffic"]["bytes"] > 0
     assert "bytes" not in by["layout"]["traffic"] and "algbw_GBps" not in by["layout"]["traffic"]

@@ -84,8 +84,8 @@ def roundtrip_child(argv: list[str]) -> list[dict]:
     (argv: a RunSpec's to_argv(), so the records' repro command is that exact run)."""
     from ..harness.runner import run_case
     from ..harness.spec import RunSpec
-    run = RunSpec.from_argv(argv).check()
-    return run_case(run, progress=lambda *_: None, measure_ceiling=False)
+    run = RunSpec.from_argv(argv).replace(measure_ceiling=False).check()
+    return run_case(run, progress=lambda *_: None)
 
 
 def roundtrip_spec(backend: str, device: str, ep: int, ranks_per_gpu: int, num_tokens: int, o, knobs: dict):

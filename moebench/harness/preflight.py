@@ -45,9 +45,9 @@ CHECK_KEY_BYTES = 24                 # int32 row keys of got + expected (4 + 4),
 DEDUP_BUFFERS = ("deepep", "hybridep", "mcore-deepep", "mcore-hybridep")
 
 
-def needs_cuda(name: str, opts) -> str:
+def needs_cuda(name: str, spec) -> str:
     """Why a backend cannot run on this run's device ('' when it can)."""
-    if name.startswith(MCORE_PREFIX) and opts.device != "cuda" and not opts.knobs.get("mcore_cpu_emulation"):
+    if name.startswith(MCORE_PREFIX) and spec.device != "cuda" and not spec.knobs.get("mcore_cpu_emulation"):
         return ("megatron-core's token dispatchers need CUDA (MoEAlltoAllTokenDispatcher creates a "
                 "torch.cuda.Stream); run with --device cuda")
     return ""
@@ -105,12 +105,12 @@ class Estimate:
         return max(sum(self.per_rank[i:i + n]) for i in range(0, len(self.per_rank), n))
 
 
-def estimate(name: str, dedup: bool, w: Workload, opts) -> Estimate:
-    cuda = opts.device == "cuda"
+def estimate(name: str, dedup: bool, spec) -> Estimate:
+    w, cuda = spec.workload, spec.device == "cuda"
     c = routing_counts(w)
     per = [rank_bytes(name, dedup, w, c, r, cuda) for r in range(w.ep)]
     if cuda:
-        return Estimate(per, max(1, opts.ranks_per_gpu), "device memory per GPU")
+        return Estimate(per, max(1, spec.ranks_per_gpu), "device memory per GPU")
     return Estimate(per, w.ep, "host memory")
 
 
@@ -130,35 +130,35 @@ def available_bytes(device: str) -> int | None:
             return None
 
 
-def memory_problem(name: str, dedup: bool, w: Workload, opts) -> str:
+def memory_problem(name: str, dedup: bool, spec) -> str:
     """'' when the case fits (or nothing can be said); else one line with the estimate and what is there."""
     if joined_env() is not None:
         return ""
-    have = available_bytes(opts.device)
+    w, have = spec.workload, available_bytes(spec.device)
     if have is None:
         return ""
-    e = estimate(name, dedup, w, opts)
+    e = estimate(name, dedup, spec)
     if e.need <= have:
         return ""
     shared = f"{e.ranks_per_pool} ranks, up to {max(e.per_rank) / GiB:.1f} GiB each" if e.ranks_per_pool > 1 else "1 rank"
-    there = "available" if opts.device == "cpu" else "on the GPU"
+    there = "available" if spec.device == "cpu" else "on the GPU"
     return (f"{name} on EP {w.ep} needs ~{e.need / GiB:.1f} GiB of {e.where} (an estimate: {shared}; the "
             f"oracle's fp32 [T, K, H] products, payload copies, the rank processes), {have / GiB:.1f} GiB {there}: "
-            "lower --num-tokens, --hidden, --topk or --ep" + (", or run on GPUs" if opts.device == "cpu" else ""))
+            "lower --num-tokens, --hidden, --topk or --ep" + (", or run on GPUs" if spec.device == "cpu" else ""))
 
 
-def waiver(name: str, w: Workload, opts) -> str:
+def waiver(name: str, spec) -> str:
     """Why a backend that is installed and takes the shape still cannot run here ('' when it can):
     runner.waiver's last check, made before any rank starts."""
     from ..backends import base
-    return needs_cuda(name, opts) or memory_problem(name, base.get(name).dedup, w, opts)
+    return needs_cuda(name, spec) or memory_problem(name, base.get(name).dedup, spec)
 
 
-def refusal(name: str, w: Workload, opts) -> str:
+def refusal(name: str, spec) -> str:
     """For a backend named on the command line (bad input, exit 2): the memory problem of one that
     would otherwise run here; '' when it fits, or when it will be WAIVED anyway."""
     from ..backends import base
     cls = base.get(name)
-    if not cls.available()[0] or needs_cuda(name, opts):
+    if not cls.available()[0] or needs_cuda(name, spec):
         return ""
-    return memory_problem(name, cls.dedup, w, opts)
+    return memory_problem(name, cls.dedup, spec)

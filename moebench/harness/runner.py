@@ -18,7 +18,7 @@ from ..records import provenance
 from ..records.schema import PHASES, DispatchRecord
 from . import overlap, preflight, views
 from .launch import LaunchError, RankContext, environment, run_ranks
-from .spec import Options, RunSpec
+from .spec import RunSpec
 from .timing import Timer, measure_alltoall
 
 
@@ -63,12 +63,12 @@ def _stage(fn, group) -> str:
     return _agree_error(err, group)
 
 
-def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: bool,
+def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
               rank_bytes: list[float] | None = None) -> dict:
     """Runs on every rank. Returns {status, error, phases: {phase: Stats dict}, views, knobs, a2a}.
     rank_bytes: moebench's received dispatch bytes per rank, asserted against the backend's own rule."""
     out = _result("FAIL")
-    dev = ctx.device
+    dev, w = ctx.device, spec.workload
     b = None
     x, idx, wt, q, s = rank_inputs(w, ctx.rank, dev)
     payload = q if q is not None else x
@@ -77,7 +77,7 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
         nonlocal b
         cls = base.get(name)
         out["version"] = cls.version()
-        b = cls(knob_values=dict(opts.knobs), shared_gpu=ctx.ranks_per_gpu > 1)
+        b = cls(knob_values=spec.backend_knobs, shared_gpu=ctx.ranks_per_gpu > 1)
         b.validate(w, ctx.world)
         b.setup(ctx.group, w, dev)
         out["knobs"] = b.knobs()
@@ -102,30 +102,31 @@ def rank_main(ctx: RankContext, w: Workload, name: str, opts: Options, measure: 
         waived = err.startswith(WAIVED)
         out.update(status="WAIVED" if waived else "FAIL", error=err.removeprefix(WAIVED))
         return out
-    timer = Timer(dev, ctx.group, opts.flush_l2)
-    _time(b, out, timer, ctx, w, opts, payload, idx, wt, s, checked["d"], checked["y"])
+    timer = Timer(dev, ctx.group, spec.flush_l2)
+    _time(b, out, timer, ctx, spec, payload, idx, wt, s, checked["d"], checked["y"])
     if measure:
         bytes_per_rank = w.num_tokens * w.topk * w.bytes_per_token
-        out["a2a"] = measure_alltoall(timer, ctx.group, dev, bytes_per_rank, opts.iters)
+        out["a2a"] = measure_alltoall(timer, ctx.group, dev, bytes_per_rank, spec.iters)
     b.teardown()
     out.update(status="PASS", knobs=b.knobs())
     return out
 
 
-def _time(b, out, timer, ctx, w, opts, payload, idx, wt, s, d, y) -> None:
+def _time(b, out, timer, ctx, spec: RunSpec, payload, idx, wt, s, d, y) -> None:
     """Every phase in the api view; dispatch and combine also in the cached and kernel views, and
     under a concurrent GEMM with --overlap. The checked dispatch's handle serves the timed combines."""
     phases = {"dispatch": lambda: b.dispatch(payload, idx, wt, s), "combine": lambda: b.combine(y, d.handle)}
     phases.update(b.extra_phases(payload, idx, wt))
     cached = b.cached_phases(payload, idx, wt, s, d, y)
     gemm = None
-    if opts.overlap:
-        gemm = overlap.Gemm(overlap.gemm_shape(overlap.parse(opts.overlap), d.x_RH.shape[0], w.hidden), ctx.device)
+    if spec.overlap:
+        gemm = overlap.Gemm(overlap.gemm_shape(overlap.parse(spec.overlap), d.x_RH.shape[0], spec.workload.hidden),
+                            ctx.device)
     for phase, fn in phases.items():
-        st = timer.run(fn, opts.iters, opts.warmup_ms)
+        st = timer.run(fn, spec.iters, spec.warmup_ms)
         out["phases"][phase] = st.asdict()
         v = out.setdefault("views", {})[phase] = {"api": {"median_us": st.median_us, "aggregation": views.API_AGG}}
-        rows = views.profile(fn, timer) if (timer.cuda or opts.profile) else None
+        rows = views.profile(fn, timer) if (timer.cuda or spec.profile) else None
         if rows is not None:
             out.setdefault("kernels", {})[phase] = rows[:KERNEL_ROWS]
             if timer.cuda:
@@ -138,11 +139,11 @@ def _time(b, out, timer, ctx, w, opts, payload, idx, wt, s, d, y) -> None:
             v["kernel"] = views.none(f"{b.name} names no communication kernels")
         else:
             v["kernel"] = views.kernel(timer, rows, b.comm_kernels, ctx.rank)
-        v["cached"] = (views.cached(timer, cached[phase], opts.iters, opts.warmup_ms, ctx.rank) if phase in cached
+        v["cached"] = (views.cached(timer, cached[phase], spec.iters, spec.warmup_ms, ctx.rank) if phase in cached
                        else views.none(b.no_cached_view))
         if gemm is not None:
-            out.setdefault("overlap", {})[phase] = overlap.measure(timer, fn, gemm, st.median_us, opts.iters,
-                                                                   opts.warmup_ms)
+            out.setdefault("overlap", {})[phase] = overlap.measure(timer, fn, gemm, st.median_us, spec.iters,
+                                                                   spec.warmup_ms)
 
 
 def _teardown(b) -> None:
@@ -178,44 +179,42 @@ def _check(b, w, rank, payload, idx, wt, scales, dev):
     return ("combine: " + err if err else ""), d, y
 
 
-def run_backend(w: Workload, name: str, opts: Options, measure: bool, rank_bytes: list[float] | None = None) -> dict:
+def run_backend(spec: RunSpec, name: str, measure: bool, rank_bytes: list[float] | None = None) -> dict:
     """Launch the ranks for one backend; a crash or timeout becomes a FAIL result."""
     try:
-        outs = run_ranks(rank_main, w.ep, opts.device, opts.timeout_s, args=(w, name, opts, measure, rank_bytes),
-                         ranks_per_gpu=opts.ranks_per_gpu)
+        outs = run_ranks(rank_main, spec.workload.ep, spec.device, spec.timeout_s,
+                         args=(spec, name, measure, rank_bytes), ranks_per_gpu=spec.ranks_per_gpu)
     except LaunchError as e:
         return {**_result("FAIL", str(e).splitlines()[0][:500]), "crash": e.crash}
     return outs[0] if outs else {}
 
 
-def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print,
-             measure_ceiling: bool = True) -> list[dict]:
+def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print) -> list[dict]:
     """Every backend of the spec on its workload; returns the JSONL records (rank 0's view).
     argv: the command line to record (default: the spec's own, `spec.to_argv()`)."""
-    w, opts = spec.workload, spec.options()
-    opts.measure_ceiling = measure_ceiling
+    w = spec.workload
     argv = spec.to_argv() if argv is None else argv
     t = traffic.traffic_of([make_routing(w, r)[0] for r in range(w.ep)], w)
     rank_bytes = (t.pairs_SD.sum(0).double() * w.bytes_per_token).tolist()
     recs, measured = [], None
     for name in spec.backends:
         start = provenance.utc_now()
-        why = waiver(name, w, opts)
+        why = waiver(name, spec)
         if why:
             res = _result("WAIVED", why)
         else:
             progress(f"# running {name} on EP {w.ep} ...")
-            measure = opts.measure_ceiling and not opts.functional and measured is None   # NCCL only
-            with environment(opts.env):
-                res = run_backend(w, name, opts, measure=measure, rank_bytes=rank_bytes)
+            measure = spec.measure_ceiling and not spec.functional and measured is None   # NCCL only
+            with environment(spec.env):
+                res = run_backend(spec, name, measure=measure, rank_bytes=rank_bytes)
             measured = measured or res.get("a2a")
         if not res:
             continue
-        recs += build_records(w, name, res, t, measured, opts, argv, start)
+        recs += build_records(spec, name, res, t, measured, argv, start)
     return recs
 
 
-def waiver(name: str, w: Workload, opts: Options) -> str:
+def waiver(name: str, spec: RunSpec) -> str:
     """Why a backend is WAIVED before any rank starts ('' when it runs): its package is missing, or
     it cannot take this shape (with `--backend all`; a named backend that cannot is bad input)."""
     cls = base.get(name)
@@ -223,15 +222,16 @@ def waiver(name: str, w: Workload, opts: Options) -> str:
     if not ok:
         return why
     try:
-        cls(knob_values=dict(opts.knobs)).validate(w, w.ep)
+        cls(knob_values=spec.backend_knobs).validate(spec.workload, spec.workload.ep)
     except WorkloadError as e:
         return f"cannot take this run: {e}"
-    return preflight.waiver(name, w, opts)      # pre-launch checks: CUDA-only backends, memory (preflight.py)
+    return preflight.waiver(name, spec)      # pre-launch checks: CUDA-only backends, memory (preflight.py)
 
 
-def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
+def build_records(spec: RunSpec, name, res, t, measured, argv, start) -> list[dict]:
+    w = spec.workload
     prov = provenance.provenance()
-    gpu = prov.get("gpu") if not opts.functional else None     # no ceiling fraction for functional runs
+    gpu = prov.get("gpu") if not spec.functional else None     # no ceiling fraction for functional runs
     cls = base.get(name)
     phases = res["phases"] or {"dispatch": None, "combine": None}
     recs = []
@@ -245,7 +245,7 @@ def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
             rec_traffic["upstream"] = traffic.upstream_bytes(t, w, carries)
         if timing and b:
             rec_traffic.update(traffic.bandwidth(b, timing["median_us"] * 1e-6))
-            nominal = ceilings.ceiling_for(gpu, b["net_bytes"], opts.ceiling_gbps)
+            nominal = ceilings.ceiling_for(gpu, b["net_bytes"], spec.ceiling_gbps)
             rec_traffic.update(nominal)
             if nominal["ceiling_GBps"] and b["bus_bytes"]:
                 rec_traffic["frac_of_ceiling"] = rec_traffic["busbw_GBps"] / nominal["ceiling_GBps"]
@@ -257,11 +257,11 @@ def build_records(w, name, res, t, measured, opts, argv, start) -> list[dict]:
                  **({"native_bytes": res["native_bytes"]} if res.get("native_bytes") and phase == "dispatch" else {})}
         recs.append(DispatchRecord(
             argv=argv, repro=provenance.repro_command(argv, "moebench.dispatch"), workload=w.asdict(),
-            device=opts.device, backend={"name": name, "version": res.get("version"), "knobs": res.get("knobs"),
+            device=spec.device, backend={"name": name, "version": res.get("version"), "knobs": res.get("knobs"),
                                          "dedup": cls.dedup},
             phase=phase, timing=timing, traffic=rec_traffic, kernels=res.get("kernels", {}).get(phase),
             views=res.get("views", {}).get(phase), overlap=res.get("overlap", {}).get(phase), check=check,
-            env=prov, start_utc=start, end_utc=provenance.utc_now(), functional=opts.functional,
-            shared_gpu=({"ranks_per_gpu": opts.ranks_per_gpu, "bypassed": res.get("bypassed") or [],
-                         "note": SHARED_NOTE} if opts.ranks_per_gpu > 1 else None)).asdict())
+            env=prov, start_utc=start, end_utc=provenance.utc_now(), functional=spec.functional,
+            shared_gpu=({"ranks_per_gpu": spec.ranks_per_gpu, "bypassed": res.get("bypassed") or [],
+                         "note": SHARED_NOTE} if spec.ranks_per_gpu > 1 else None)).asdict())
     return recs

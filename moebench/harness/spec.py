@@ -20,46 +20,40 @@ from . import overlap, preflight
 from .launch import pick_device
 
 CPU_DEFAULT_SHAPE = {"num_tokens": 256, "hidden": 1024}   # keeps --ep 8 under a minute on 2 cores
+DEFAULT_ITERS = {"cuda": 20, "cpu": 5}
+DEFAULT_WARMUP_MS = {"cuda": 200.0, "cpu": 0.0}
+W0 = Workload()                                          # the workload defaults: defined once, in Workload
 OPS_IMPLS = ("auto", "torch", "triton", "cuda")
 
 
-@dataclass
-class Options:
-    """How the runner checks and times one backend (no workload, no backend choice)."""
-    device: str = "cpu"              # cpu | cuda
-    iters: int = 20
-    warmup_ms: float = 200.0
-    flush_l2: bool = True
-    timeout_s: float = 600.0
-    knobs: dict = field(default_factory=dict)        # passed to every backend (num_sms, ops_impl, ...)
-    env: dict = field(default_factory=dict)          # set for the rank processes (from env:VAR knobs)
-    ceiling_gbps: float | None = None
-    measure_ceiling: bool = True
-    profile: bool = False                            # also record each phase's kernels (profiler)
-    ranks_per_gpu: int = 1                           # > 1: shared-GPU ranks (launch.py), functional only
-    overlap: str | None = None                       # --overlap gemm[:MxNxK] (overlap.py)
-
-    @property
-    def functional(self) -> bool:
-        """True when the times are not performance figures (CPU/gloo, or ranks sharing a GPU)."""
-        return self.device == "cpu" or self.ranks_per_gpu > 1
+def add_shape_args(p: argparse.ArgumentParser, cpu_shape: bool = False, tokens_help: str = "tokens per rank") -> None:
+    """--num-tokens, --hidden, --num-experts, --topk: one name, one meaning and one default (Workload's) in
+    every tool. cpu_shape: --num-tokens and --hidden default to None, resolved by the device (dispatch)."""
+    cpu = CPU_DEFAULT_SHAPE
+    if cpu_shape:
+        p.add_argument("--num-tokens", type=int, help=f"{tokens_help} (default {W0.num_tokens}; CPU {cpu['num_tokens']})")
+        p.add_argument("--hidden", type=int, help=f"hidden size (default {W0.hidden}; CPU {cpu['hidden']})")
+    else:
+        p.add_argument("--num-tokens", type=int, default=W0.num_tokens, help=f"{tokens_help} (default {W0.num_tokens})")
+        p.add_argument("--hidden", type=int, default=W0.hidden, help=f"hidden size (default {W0.hidden})")
+    p.add_argument("--num-experts", type=int, default=W0.num_experts, help=f"experts (default {W0.num_experts})")
+    p.add_argument("--topk", type=int, default=W0.topk, help=f"experts per token (default {W0.topk})")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     """The flags of one dispatch run (moebench.dispatch adds the sweep flags to these)."""
-    p.add_argument("--num-tokens", type=int, help="tokens per rank (default 4096; CPU 256)")
-    p.add_argument("--hidden", type=int, help="hidden size (default 7168; CPU 1024)")
-    p.add_argument("--num-experts", type=int, default=256)
-    p.add_argument("--topk", type=int, default=8)
-    p.add_argument("--ep", type=int, default=8, help="expert-parallel ranks")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="ranks per NVLink node (byte-rule split)")
-    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="dispatch payload (combine is bf16)")
-    p.add_argument("--routing", default="uniform",
+    add_shape_args(p, cpu_shape=True)
+    p.add_argument("--ep", type=int, default=W0.ep, help="expert-parallel ranks")
+    p.add_argument("--gpus-per-node", type=int, default=W0.gpus_per_node, help="ranks per NVLink node (byte-rule split)")
+    p.add_argument("--dtype", choices=DTYPES, default=W0.dtype, help="dispatch payload (combine is bf16)")
+    p.add_argument("--routing", default=W0.routing,
                    help="uniform | balanced | zipf:S | group:G:M | trace:FILE, optionally ,masked:P")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=W0.seed)
     p.add_argument("--backend", default="all", help=f"all or a list of: {', '.join(base.names())}")
-    p.add_argument("--iters", type=int, help="timed iterations (default 20; CPU 5)")
-    p.add_argument("--warmup-ms", type=float, help="warm-up budget per phase (default 200; CPU 0)")
+    p.add_argument("--iters", type=int,
+                   help=f"timed iterations (default {DEFAULT_ITERS['cuda']}; CPU {DEFAULT_ITERS['cpu']})")
+    p.add_argument("--warmup-ms", type=float, help=f"warm-up budget per phase (default {DEFAULT_WARMUP_MS['cuda']:g}; "
+                                                   f"CPU {DEFAULT_WARMUP_MS['cpu']:g})")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--ranks-per-gpu", type=int, default=1, metavar="N",
                    help="shared-GPU ranks: N EP ranks per GPU (gloo group, CUDA IPC on one device), to run real "
@@ -91,6 +85,8 @@ def parse_knob(kv: str) -> tuple[str, int | str]:
 
 @dataclass
 class RunSpec:
+    """One dispatch run: the workload, the backends and how the harness checks and times them.
+    Every run setting is a field here, defined once; the runner and the rank processes take the spec."""
     workload: Workload
     backends: tuple[str, ...]
     explicit: bool = False           # backends were named (not `all`): one that cannot take the run is bad input
@@ -105,7 +101,23 @@ class RunSpec:
     ranks_per_gpu: int = 1
     overlap: str | None = None
     out: str = "moebench-dispatch.jsonl"
+    measure_ceiling: bool = True     # also time a plain all_to_all_single for frac_of_measured (NCCL runs)
     note: str = field(default="", compare=False)  # what device picking wants said (CPU fallback)
+
+    @property
+    def functional(self) -> bool:
+        """True when the times are not performance figures (CPU/gloo, or ranks sharing a GPU)."""
+        return self.device == "cpu" or self.ranks_per_gpu > 1
+
+    @property
+    def backend_knobs(self) -> dict:
+        """The knobs every backend is given (ops_impl, num_sms, --knob), env:VAR ones left out."""
+        return {k: v for k, v in self.knobs.items() if not k.startswith(ENV_KNOB)}
+
+    @property
+    def env(self) -> dict:
+        """Environment variables for the rank processes, from the env:VAR knobs."""
+        return {k[len(ENV_KNOB):]: str(v) for k, v in self.knobs.items() if k.startswith(ENV_KNOB)}
 
     @classmethod
     def from_args(cls, args, workload: Workload | None = None) -> RunSpec:
@@ -115,7 +127,6 @@ class RunSpec:
         overlap.parse(args.overlap)
         rpg = args.ranks_per_gpu
         device, note = pick_device(args.device, args.ep, rpg)
-        cpu = device == "cpu"
         knobs = {"ops_impl": args.ops_impl}
         if args.num_sms is not None:
             knobs["num_sms"] = args.num_sms
@@ -124,9 +135,10 @@ class RunSpec:
         bad = unknown_knob([parse_knob(kv)[0] for kv in args.knob], backends)
         if bad:
             raise WorkloadError(bad)
-        return cls(workload=workload or _workload(args, cpu), backends=backends,
-                   explicit=args.backend != "all", device=device, iters=args.iters if args.iters is not None else (5 if cpu else 20),
-                   warmup_ms=args.warmup_ms if args.warmup_ms is not None else (0.0 if cpu else 200.0),
+        return cls(workload=workload or _workload(args, device == "cpu"), backends=backends,
+                   explicit=args.backend != "all", device=device,
+                   iters=args.iters if args.iters is not None else DEFAULT_ITERS[device],
+                   warmup_ms=args.warmup_ms if args.warmup_ms is not None else DEFAULT_WARMUP_MS[device],
                    flush_l2=not args.no_flush_l2, timeout_s=args.timeout, knobs=knobs,
                    ceiling_gbps=args.ceiling_gbps, profile=args.profile, ranks_per_gpu=rpg, out=args.out,
                    overlap=args.overlap, note=note)
@@ -144,21 +156,12 @@ class RunSpec:
         """Bad input raises WorkloadError: an explicitly named backend that cannot take this run, or
         that would not fit in this machine's memory (preflight.py's estimate)."""
         if self.explicit:
-            opts = self.options()
             for n in self.backends:
-                base.get(n)(knob_values=opts.knobs).validate(self.workload, self.workload.ep)
-                too_big = preflight.refusal(n, self.workload, opts)
+                base.get(n)(knob_values=self.backend_knobs).validate(self.workload, self.workload.ep)
+                too_big = preflight.refusal(n, self)
                 if too_big:
                     raise WorkloadError(too_big)
         return self
-
-    def options(self) -> Options:
-        return Options(device=self.device, iters=self.iters, warmup_ms=self.warmup_ms, flush_l2=self.flush_l2,
-                       timeout_s=self.timeout_s,
-                       knobs={k: v for k, v in self.knobs.items() if not k.startswith(ENV_KNOB)},
-                       env={k[len(ENV_KNOB):]: str(v) for k, v in self.knobs.items() if k.startswith(ENV_KNOB)},
-                       ceiling_gbps=self.ceiling_gbps, profile=self.profile, ranks_per_gpu=self.ranks_per_gpu,
-                       overlap=self.overlap)
 
     def to_argv(self) -> list[str]:
         """The `python -m moebench.dispatch` arguments that rebuild this spec."""
@@ -204,7 +207,7 @@ def _workload(args, cpu: bool) -> Workload:
     shape = {k: getattr(args, k) for k in CPU_DEFAULT_SHAPE}
     for k, v in shape.items():
         if v is None:
-            shape[k] = CPU_DEFAULT_SHAPE[k] if cpu else Workload.__dataclass_fields__[k].default
+            shape[k] = CPU_DEFAULT_SHAPE[k] if cpu else getattr(W0, k)
     return Workload(num_experts=args.num_experts, topk=args.topk, ep=args.ep, dtype=args.dtype,
                     routing=args.routing, seed=args.seed, gpus_per_node=args.gpus_per_node, **shape)
 

@@ -46,20 +46,15 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     v = sub.add_parser("validate", help="short megatron-core training check of a dispatcher")
     v.add_argument("--dispatcher", choices=tuple(BACKENDS), required=True)
-    v.add_argument("--steps", type=int, default=50)
     v.add_argument("--ep", type=int, help="EP = world size (default: visible GPUs)")
-    v.add_argument("--num-layers", type=int, default=2)
-    v.add_argument("--hidden", type=int, default=1024)
-    v.add_argument("--heads", type=int, default=16)
-    v.add_argument("--ffn-hidden", type=int, default=2048, help="expert FFN hidden size")
-    v.add_argument("--num-experts", type=int, default=8)
-    v.add_argument("--topk", type=int, default=2)
-    v.add_argument("--seq-length", type=int, default=1024)
-    v.add_argument("--micro-batch", type=int, default=4)
-    v.add_argument("--vocab", type=int, default=32000)
-    v.add_argument("--lr", type=float, default=1e-3)
-    v.add_argument("--seed", type=int, default=1234)
-    v.add_argument("--aux-loss-coeff", type=float, default=0.0, help="0 = no load-balancing loss")
+    from .train import TrainSpec
+    t0 = TrainSpec()          # the training run's defaults, defined once there
+    for name, what in (("steps", "training steps"), ("num_layers", ""), ("hidden", ""), ("heads", ""), ("ffn_hidden", "expert FFN hidden size"),
+                       ("num_experts", ""), ("topk", ""), ("seq_length", ""), ("micro_batch", ""), ("vocab", ""),
+                       ("lr", ""), ("seed", ""), ("aux_loss_coeff", "0 = no load-balancing loss")):
+        default = getattr(t0, name)
+        v.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
+                       help=f"{what + ' ' if what else ''}(default {default:g})")
     v.add_argument("--num-sms", type=int, help="SMs for deepep/hybridep")
     v.add_argument("--no-control", action="store_true", help="skip the alltoall control run")
     v.add_argument("--out", default="moebench-megatron.jsonl", help="JSONL file to append to")
