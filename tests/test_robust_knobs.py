@@ -7,7 +7,6 @@ import pytest
 
 from moebench import dispatch
 from moebench.backends import base
-from moebench.harness import spec
 
 TINY = ["--device", "cpu", "--ep", "2", "--num-tokens", "8", "--hidden", "64", "--num-experts", "8", "--topk", "2",
         "--iters", "1"]
@@ -48,14 +47,33 @@ def names_read(module) -> set[str]:
     return set(re.findall(r"knob_values(?:\.get\(|\[)\"(\w+)\"", src))
 
 
-def test_knob_table_matches_what_the_backend_modules_read():
-    table = spec.backend_knobs()
-    assert set(table) == set(base.REGISTRY)
+def test_each_backend_declares_the_knobs_its_module_reads():
     by_module: dict = {}
     for name, target in base.REGISTRY.items():
-        by_module.setdefault(target.split(":")[0], set()).update(table[name])
-    for mod, listed in by_module.items():
+        by_module.setdefault(target.split(":")[0], set()).update(base.get(name).KNOBS)
+    for mod, declared in by_module.items():
         m = importlib.import_module(mod)
         extra = set(getattr(m, "SM_KNOBS", {}))         # hybridep reads its SM knobs through this table
-        assert names_read(m) <= listed, (mod, names_read(m) - listed)
-        assert listed - extra <= names_read(m) | {"ops_impl"} | ({"num_sms"} if "mcore" in mod else set()), mod
+        assert names_read(m) <= declared, (mod, names_read(m) - declared)
+        assert declared - extra <= names_read(m) | {"ops_impl"} | ({"num_sms"} if "mcore" in mod else set()), mod
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--backend", "hybridep", "--knob", "mode=bogus"], ("mode=bogus", "one of permute, plain")),
+    (["--backend", "deepep", "--num-sms", "3"], ("--num-sms", "even integer >= 2")),
+    (["--backend", "all", "--num-sms", "0"], ("--num-sms num_sms=0", ">= ")),
+    (["--backend", "alltoall", "--num-sms", "8"], ("--num-sms num_sms", "no backend of this run reads")),
+    (["--backend", "mcore-alltoall", "--knob", "moe_permute_fusion=2"], ("moe_permute_fusion=2", "one of 0, 1")),
+])
+def test_knob_values_are_checked_against_what_the_backends_declare(tmp_path, capsys, monkeypatch, argv, words):
+    monkeypatch.setattr(dispatch, "run_case", lambda *a, **k: pytest.fail("ran with a bad knob value"))
+    assert dispatch.main([*TINY, *argv, "--out", str(tmp_path / "r.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and all(w in err[0] for w in words), err
+
+
+def test_a_value_one_backend_of_all_takes_passes():
+    from moebench.harness.spec import RunSpec
+    assert RunSpec.from_argv([*TINY, "--backend", "all", "--num-sms", "3"]).knobs["num_sms"] == 3   # hybridep takes 3
+    assert base.Knob(low=2, even=True).problem(3) and not base.Knob(low=2, even=True).problem(4)
+    assert base.Knob(choices=(0, 1)).problem(True) == ""                                          # True == 1

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .. import ops
-from .base import Backend, Dispatched
+from .base import OPS_IMPL, Backend, Dispatched
 
 
 @dataclass
@@ -38,6 +38,7 @@ class AlltoallBackend(Backend):
     dedup = False
     supports_fp8 = True
     comm_kernels = ("nccl",)      # NCCL's send/recv kernels; none at EP 1 or on gloo
+    KNOBS = {"ops_impl": OPS_IMPL}
 
     def setup(self, group, w, device):
         super().setup(group, w, device)

@@ -57,6 +57,33 @@ def routing_map_and_probs(topk_idx_TK: torch.Tensor, topk_w_TK: torch.Tensor, nu
     return hits > 0, probs
 
 
+ENV_KNOB = "env:"       # a knob env:VAR=V sets VAR for the rank processes instead of reaching a backend
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A knob a backend reads from its knob_values, and the values it takes; the command line checks
+    `--knob`, `--num-sms`, `--ops-impl` and a sweep's knob axes against these before anything runs."""
+    low: int | None = None          # an integer knob: its smallest value
+    even: bool = False              # ... even values only
+    choices: tuple = ()             # a knob of named values (or of 0 / 1)
+
+    def problem(self, value) -> str:
+        """'' when `value` is allowed, else what is allowed ("an even integer >= 2")."""
+        if self.choices:
+            return "" if value in self.choices else "one of " + ", ".join(map(str, self.choices))
+        want = ("an even integer" if self.even else "an integer") + (f" >= {self.low}" if self.low is not None else "")
+        if isinstance(value, bool) or not isinstance(value, int):
+            return want
+        if (self.low is not None and value < self.low) or (self.even and value % 2):
+            return want
+        return ""
+
+
+OPS_IMPL = Knob(choices=("auto", "torch", "triton", "cuda"))    # moebench's local permute / unpermute
+SWITCH = Knob(choices=(0, 1))
+
+
 class Unavailable(RuntimeError):
     """Raised by setup() when the package imports but cannot serve this run: the backend is WAIVED."""
 
@@ -75,6 +102,7 @@ class Backend:
     # (the local permute and weighting kernels are not among them); () = no kernel view.
     comm_kernels: ClassVar[tuple[str, ...]] = ()
     no_cached_view: ClassVar[str] = "this backend has no call that reuses the dispatch handle"
+    KNOBS: ClassVar[dict[str, Knob]] = {}             # the knob names this backend reads, and their values
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -88,9 +116,13 @@ class Backend:
         return ""
 
     def validate(self, w: Workload, world: int) -> None:
-        """Raise WorkloadError for shapes or EP sizes this backend cannot take."""
+        """Raise WorkloadError for shapes, EP sizes or knob values this backend cannot take."""
         if w.dtype == "fp8" and not self.supports_fp8:
             raise WorkloadError(f"backend {self.name} cannot carry fp8 payloads (use --dtype bf16)")
+        for k, rule in self.KNOBS.items():
+            v = self.knob_values.get(k)
+            if v is not None and rule.problem(v):
+                raise WorkloadError(f"{self.name} knob {k} must be {rule.problem(v)}, got {v!r}")
 
     def setup(self, group, w: Workload, device: torch.device) -> None:
         """Allocate buffers, warm up JIT; untimed."""
@@ -161,3 +193,22 @@ def parse_backends(spec: str) -> list[str]:
         if n not in REGISTRY:
             raise WorkloadError(f"unknown backend {n!r} (known: all, {', '.join(REGISTRY)})")
     return out
+
+
+def knob_problem(knobs: dict, backends, flag: str = "--knob") -> str:
+    """'' when every knob is env:VAR or read by at least one of `backends` that takes its value; else one
+    line naming the flag, the knob and what those backends take (or the knob names they know)."""
+    for k, v in knobs.items():
+        if k.startswith(ENV_KNOB):
+            if not k[len(ENV_KNOB):]:
+                return f"{flag} {k}: env:VAR names no variable"
+            continue
+        rules = {b: get(b).KNOBS[k] for b in backends if k in get(b).KNOBS}
+        if not rules:
+            listed = "; ".join(f"{b}: {', '.join(get(b).KNOBS) or 'none'}" for b in backends)
+            return (f"{flag} {k}: no backend of this run reads a knob {k!r} (known: {listed}; "
+                    f"or {ENV_KNOB}VAR=V for the rank processes' environment)")
+        if all(rule.problem(v) for rule in rules.values()):
+            b, rule = next(iter(rules.items()))
+            return f"{flag} {k}={v}: {b} takes {k} {rule.problem(v)}"
+    return ""

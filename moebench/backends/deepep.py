@@ -38,7 +38,7 @@ import torch
 from .. import ops
 from ..core.workload import WorkloadError
 from ..env.toolkit import dist_version
-from .base import Backend, Dispatched, Unavailable
+from .base import OPS_IMPL, Backend, Dispatched, Knob, Unavailable
 
 HINT = ("install DeepEP from branch hybrid-ep (legacy Buffer + HybridEPBuffer) or tag v1.2.1; DeepEP main "
         "(2.x) also serves deepep and deepep-ll (its deep_ep.Buffer is the legacy API, same signature) but has "
@@ -54,6 +54,7 @@ NVLINK_BYPASS = ("check_nvlink_connections in deep_ep.Buffer's module (NVML has 
                  "of a GPU with itself)")
 NO_NVSHMEM = "NVSHMEM is disable"   # DeepEP says "disabled" in deep_ep.cpp, "disable" in config.hpp
 FP8_FACTOR = (1 + 4 / 128) / 2      # DeepEP's and HybridEP's tests: fp8 bytes = bf16 bytes x this
+NUM_SMS = Knob(low=2, even=True)    # Buffer.set_num_sms takes an even count
 QP_DEPTH_ENV = "NVSHMEM_QP_DEPTH"
 QP_DEPTH_DEFAULT = 1024             # what Buffer sets when the variable is unset
 
@@ -180,6 +181,7 @@ class DeepEPBackend(Backend):
     dedup = True
     supports_fp8 = True
     timed_phases = ("dispatch", "combine", "layout")
+    KNOBS = {"num_sms": NUM_SMS, "ops_impl": OPS_IMPL}
     # the data kernels, as DeepEP's bench_kineto names them ('dispatch', 'combine'), namespace-qualified so that
     # notify_dispatch / cached_notify* (metadata and barriers) and moebench's own kernels do not match
     comm_kernels = ("intranode::dispatch", "intranode::combine", "internode::dispatch", "internode::combine")
@@ -201,9 +203,6 @@ class DeepEPBackend(Backend):
             raise WorkloadError("deepep across nodes needs 8 ranks per node (--gpus-per-node 8)")
         if w.hidden % 8:
             raise WorkloadError(f"deepep moves rows in 16-byte words: --hidden must be a multiple of 8, got {w.hidden}")
-        sms = self.knob_values.get("num_sms")
-        if sms is not None and (sms < 2 or sms % 2):
-            raise WorkloadError(f"deepep --num-sms must be even and >= 2 (Buffer.set_num_sms), got {sms}")
 
     def setup(self, group, w, device):
         super().setup(group, w, device)

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from ..core.workload import WorkloadError, rank_inputs
 from ..env.toolkit import find_nvcc
-from .base import Backend, Dispatched, Unavailable
+from .base import OPS_IMPL, Backend, Dispatched, Knob, Unavailable
 from .deepep import (
     FP8_FACTOR,
     Grouped,
@@ -119,6 +119,8 @@ class HybridEPBackend(Backend):
     dedup = True
     supports_fp8 = True
     comm_kernels = ("dispatch_kernel", "combine_kernel")   # as its test's bench_kineto names them
+    KNOBS = {"mode": Knob(choices=MODES), "num_sms": Knob(low=1), **{k: Knob(low=1) for k in SM_KNOBS},
+             "ops_impl": OPS_IMPL}
 
     @classmethod
     def available(cls):
@@ -149,10 +151,6 @@ class HybridEPBackend(Backend):
                                 f"{w.local_experts} x {rpd}")
         if self.mode not in MODES:
             raise WorkloadError(f"hybridep mode must be one of {MODES}, got {self.mode!r}")
-        for k in ("num_sms", *SM_KNOBS):
-            v = self.knob_values.get(k)
-            if v is not None and int(v) < 1:
-                raise WorkloadError(f"hybridep {k} must be >= 1, got {v}")
 
     def setup(self, group, w, device):
         super().setup(group, w, device)

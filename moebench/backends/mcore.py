@@ -54,8 +54,8 @@ import torch.distributed as dist
 from ..core.megatron_map import BACKENDS, FLEX
 from ..core.workload import WorkloadError
 from ..env.toolkit import dist_version, installed
-from .base import Backend, Dispatched, Unavailable
-from .deepep import DeepEPBackend
+from .base import SWITCH, Backend, Dispatched, Knob, Unavailable
+from .deepep import NUM_SMS, DeepEPBackend
 from .hybridep import HybridEPBackend
 
 
@@ -179,6 +179,7 @@ class _McoreBackend(Backend):
     flex_backend: ClassVar[str | None] = None
     supports_fp8 = False
     no_cached_view = "Megatron's dispatcher recomputes its routing metadata on every call (no handle to reuse)"
+    KNOBS = {"mcore_cpu_emulation": SWITCH, "moe_permute_fusion": SWITCH}   # emulation: tests only
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -317,6 +318,7 @@ class McoreDeepEPBackend(_McoreBackend):
     dispatcher_type = "flex"
     flex_backend = "deepep"
     comm_kernels = DeepEPBackend.comm_kernels
+    KNOBS = {**_McoreBackend.KNOBS, "num_sms": NUM_SMS}        # Megatron hands it to Buffer.set_num_sms
 
 
 class McoreHybridEPBackend(_McoreBackend):
@@ -326,6 +328,7 @@ class McoreHybridEPBackend(_McoreBackend):
     dispatcher_type = "flex"
     flex_backend = "hybridep"
     comm_kernels = HybridEPBackend.comm_kernels
+    KNOBS = {**_McoreBackend.KNOBS, "num_sms": Knob(low=1)}
 
 
 __all__ = ["McoreAlltoallBackend", "McoreDeepEPBackend", "McoreHybridEPBackend", "emulate_cuda_on_cpu",

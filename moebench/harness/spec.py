@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..backends import base
+from ..backends.base import ENV_KNOB
 from ..core.workload import DTYPES, Workload, WorkloadError
 from . import overlap, preflight
 from .launch import pick_device
@@ -132,7 +133,8 @@ class RunSpec:
             knobs["num_sms"] = args.num_sms
         knobs.update(parse_knob(kv) for kv in args.knob)
         backends = tuple(base.parse_backends(args.backend))
-        bad = unknown_knob([parse_knob(kv)[0] for kv in args.knob], backends)
+        bad = base.knob_problem(dict(parse_knob(kv) for kv in args.knob), backends) or base.knob_problem(
+            {k: knobs[k] for k in ("num_sms",) if k in knobs}, backends, "--num-sms")
         if bad:
             raise WorkloadError(bad)
         return cls(workload=workload or _workload(args, device == "cpu"), backends=backends,
@@ -210,35 +212,3 @@ def _workload(args, cpu: bool) -> Workload:
             shape[k] = CPU_DEFAULT_SHAPE[k] if cpu else getattr(W0, k)
     return Workload(num_experts=args.num_experts, topk=args.topk, ep=args.ep, dtype=args.dtype,
                     routing=args.routing, seed=args.seed, gpus_per_node=args.gpus_per_node, **shape)
-
-
-ENV_KNOB = "env:"             # a knob env:VAR=V sets VAR for the rank processes instead of reaching the backend
-
-
-def backend_knobs() -> dict[str, tuple[str, ...]]:
-    """The knob names each backend reads from its knob_values (`--ops-impl` and `--num-sms` arrive as
-    ops_impl and num_sms; mcore_cpu_emulation is for tests). tests/test_robust_knobs.py checks this
-    table against the names the backend modules read."""
-    from ..backends.hybridep import SM_KNOBS
-    deepep = ("num_sms", "ops_impl")
-    mcore_flex = ("num_sms", "mcore_cpu_emulation", "moe_permute_fusion")
-    return {"alltoall": ("ops_impl",), "deepep": deepep, "deepep-ll": deepep,
-            "hybridep": ("mode", "num_sms", *SM_KNOBS, "ops_impl"),
-            "mcore-alltoall": ("mcore_cpu_emulation", "moe_permute_fusion"),
-            "mcore-deepep": mcore_flex, "mcore-hybridep": mcore_flex}
-
-
-def unknown_knob(names, backends, flag: str = "--knob") -> str:
-    """'' when every knob name is env:VAR or read by at least one of the backends; else one line
-    naming the flag, the knob and the knob names those backends know."""
-    known = backend_knobs()
-    for n in names:
-        if n.startswith(ENV_KNOB):
-            if not n[len(ENV_KNOB):]:
-                return f"{flag} {n}: env:VAR names no variable"
-            continue
-        if not any(n in known.get(b, ()) for b in backends):
-            listed = "; ".join(f"{b}: {', '.join(known.get(b, ())) or 'none'}" for b in backends)
-            return (f"{flag} {n}: no backend of this run reads a knob {n!r} (known: {listed}; "
-                    f"or {ENV_KNOB}VAR=V for the rank processes' environment)")
-    return ""

@@ -25,7 +25,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backends.base import REGISTRY
+from ..backends.base import REGISTRY, knob_problem
 from ..core.workload import Workload, WorkloadError
 from ..env.toolkit import SWEEPS_DIR
 from ..records import schema, writer
@@ -33,7 +33,7 @@ from ..records.knobs import best_knobs
 from ..records.schema import knobs_of, read_dispatch
 from ..records.tables import format_best, sig3
 from .runner import run_case
-from .spec import RunSpec, unknown_knob
+from .spec import RunSpec
 
 SHAPE_KEYS = ("hidden", "num_experts", "topk", "num_tokens", "routing", "dtype")
 
@@ -114,7 +114,8 @@ def load(name: str) -> Sweep:
         raise WorkloadError(f"sweep {path}: [knobs.BACKEND] tables expected")
     knobs = {b: {k: (v if isinstance(v, list) else [v]) for k, v in kv.items()} for b, kv in knobs.items()}
     for b, kv in knobs.items():
-        bad = f"unknown backend {b!r} (known: {', '.join(REGISTRY)})" if b not in REGISTRY else unknown_knob(kv, (b,), "")
+        bad = (f"unknown backend {b!r} (known: {', '.join(REGISTRY)})" if b not in REGISTRY else
+               next((m for k, vs in kv.items() for v in vs if (m := knob_problem({k: v}, (b,), ""))), ""))
         if bad:
             raise WorkloadError(f"sweep {path}: [knobs.{b}]: {bad.strip()}")
     if not all([*axes.values(), *(v for kv in knobs.values() for v in kv.values())]):
