@@ -8,13 +8,7 @@ import torch
 from moebench.backends import Unavailable, get
 from moebench.backends.base import routing_map_and_probs
 from moebench.backends.deepep import group_by_local_expert, weighted_rows
-from moebench.backends.hybridep import (
-    DOMAIN_ENV,
-    HybridEPBackend,
-    cuda_home,
-    local_plain_inputs,
-    ranks_per_domain,
-)
+from moebench.backends.hybridep import DOMAIN_ENV, HybridEPBackend, cuda_home, local_plain_inputs, ranks_per_domain
 from moebench.core import reference, workload
 from moebench.core.workload import Workload, WorkloadError
 from moebench.env import toolkit

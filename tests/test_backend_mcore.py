@@ -12,11 +12,7 @@ import torch
 
 from moebench import dispatch
 from moebench.backends import base
-from moebench.backends.mcore import (
-    McoreAlltoallBackend,
-    McoreDeepEPBackend,
-    McoreHybridEPBackend,
-)
+from moebench.backends.mcore import McoreAlltoallBackend, McoreDeepEPBackend, McoreHybridEPBackend
 from moebench.core import reference, workload
 from moebench.core.workload import Workload, WorkloadError
 from moebench.harness.launch import run_ranks

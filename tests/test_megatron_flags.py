@@ -4,8 +4,8 @@ import json
 import pytest
 
 from moebench import megatron
-from moebench.megatron import tool
 from moebench.megatron import flags as F
+from moebench.megatron import tool
 from moebench.records import schema, writer
 
 W = {"num_tokens": 4096, "hidden": 7168, "num_experts": 256, "topk": 8, "ep": 8, "dtype": "bf16",

@@ -54,9 +54,7 @@ def test_tflops_per_gpu_is_megatron_throughput():
 def test_flops_match_megatron_training():
     """Our copy against Megatron-LM's own function, where it imports."""
     try:
-        from megatron.training.training import (
-            num_floating_point_operations as mlm_flops,
-        )
+        from megatron.training.training import num_floating_point_operations as mlm_flops
     except Exception as e:  # noqa: BLE001 - needs megatron-core >= 0.17 on Python >= 3.12
         pytest.skip(f"megatron.training not importable here: {type(e).__name__}")
     spec = T.TrainSpec(num_layers=3, hidden=768, heads=12, ffn_hidden=1536, num_experts=16, topk=4, seq_length=512,

@@ -3,14 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from moebench.core.workload import (
-    Routing,
-    Workload,
-    WorkloadError,
-    load_trace,
-    make_routing,
-    make_tokens,
-)
+from moebench.core.workload import Routing, Workload, WorkloadError, load_trace, make_routing, make_tokens
 
 
 def small(**kw):

@@ -115,6 +115,17 @@ class Backend:
     def version(cls) -> str:
         return ""
 
+    @classmethod
+    def cpu_problem(cls, knob_values: dict) -> str:
+        """Why this backend cannot run on a CPU/gloo run ('' when it can): checked before any rank starts."""
+        return ""
+
+    @classmethod
+    def buffer_bytes(cls, w: Workload) -> int:
+        """Device memory of the backend's own buffers per rank, for the pre-launch memory estimate
+        (harness/preflight.py); 0 when it allocates only what it returns."""
+        return 0
+
     def validate(self, w: Workload, world: int) -> None:
         """Raise WorkloadError for shapes, EP sizes or knob values this backend cannot take."""
         if w.dtype == "fp8" and not self.supports_fp8:

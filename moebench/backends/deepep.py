@@ -27,23 +27,17 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import json
 import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from .. import ops
 from ..core.workload import WorkloadError
-from ..env.toolkit import dist_version
+from ..env.deepep import HINT, NO_NVSHMEM, build_version
 from .base import OPS_IMPL, Backend, Dispatched, Knob, Unavailable
 
-HINT = ("install DeepEP from branch hybrid-ep (legacy Buffer + HybridEPBuffer) or tag v1.2.1; DeepEP main "
-        "(2.x) also serves deepep and deepep-ll (its deep_ep.Buffer is the legacy API, same signature) but has "
-        "no HybridEPBuffer, and its deep_ep.utils lacks the EventOverlap that Megatron-Core's fused_a2a imports, "
-        "so Megatron's flex/deepep path (mcore-deepep) finds no DeepEP there")
 # get_dispatch_config's table (2..160, no 48/96) intersected with the kernels' SWITCH_RANKS (2/4/8 in a node)
 # and SWITCH_RDMA_RANKS (16/32/64/128/144/160; 24 = 3 RDMA ranks has no kernel) on hybrid-ep and v1.2.1
 NORMAL_RANKS = (2, 4, 8, 16, 32, 64, 128, 144, 160)
@@ -52,7 +46,6 @@ LL_MAX_TOPK = 11
 LL_MAX_BUFFER_GiB = 16.0
 NVLINK_BYPASS = ("check_nvlink_connections in deep_ep.Buffer's module (NVML has no NVLink P2P status "
                  "of a GPU with itself)")
-NO_NVSHMEM = "NVSHMEM is disable"   # DeepEP says "disabled" in deep_ep.cpp, "disable" in config.hpp
 FP8_FACTOR = (1 + 4 / 128) / 2      # DeepEP's and HybridEP's tests: fp8 bytes = bf16 bytes x this
 NUM_SMS = Knob(low=2, even=True)    # Buffer.set_num_sms takes an even count
 QP_DEPTH_ENV = "NVSHMEM_QP_DEPTH"
@@ -103,43 +96,9 @@ def new_buffer(Buffer, *args, **kwargs):
         raise
 
 
-def rdma_size_problem(ranks: int = 2, hidden_bytes: int = 2 * 1024) -> str | None:
-    """Why Megatron's fused_a2a cannot size its DeepEP buffer with this build, else None.
-    fused_a2a.get_buffer asks get_rdma_buffer_size_hint even within one node, and a DeepEP built
-    without NVSHMEM asserts there (csrc/config.hpp), so Megatron's flex/deepep path dies on its
-    first dispatch. Host-only: needs no GPU."""
-    from deep_ep import Buffer
-    try:
-        Buffer.get_dispatch_config(ranks).get_rdma_buffer_size_hint(hidden_bytes, ranks)
-    except RuntimeError as e:
-        if NO_NVSHMEM in str(e):
-            return ("this DeepEP was built without NVSHMEM, and megatron-core's fused_a2a asks it for an RDMA "
-                    "buffer size (get_rdma_buffer_size_hint) even within a node, which it refuses: Megatron's "
-                    "flex/deepep path fails on its first dispatch; rebuild DeepEP with NVSHMEM")
-        raise
-    return None
-
-
 def destroy(buffer) -> None:
     if buffer is not None and getattr(buffer, "explicitly_destroy", False):
         buffer.destroy()
-
-
-def build_version() -> str:
-    """deep_ep's version for the record: the installed distribution's, else, for a source build
-    (setup.py build_ext --inplace, as bench/deepep_build.sh makes), the deepep_build.json beside
-    the package: version, commit and build kind."""
-    v = dist_version("deep_ep", "deep-ep")
-    if v:
-        return v
-    try:
-        spec = importlib.util.find_spec("deep_ep")
-        meta = Path(spec.origin).parent.parent / "deepep_build.json"
-        b = json.loads(meta.read_text())
-    except (ImportError, ValueError, AttributeError, TypeError, OSError):
-        return ""
-    fix = f", fix {b['fix']}" if b.get("fix") not in (None, "none") else ""
-    return f"{b.get('version', '?')} {b.get('branch', '')}@{str(b.get('commit', ''))[:10]} ({b.get('build_kind', '?')}{fix})"
 
 
 @dataclass
@@ -193,6 +152,10 @@ class DeepEPBackend(Backend):
     @classmethod
     def version(cls):
         return build_version()
+
+    @classmethod
+    def buffer_bytes(cls, w):
+        return recv_room_bytes(w)
 
     def validate(self, w, world):
         super().validate(w, world)
@@ -307,6 +270,11 @@ class DeepEPLowLatencyBackend(DeepEPBackend):
     timed_phases = ("dispatch", "combine")
     comm_kernels = ("internode_ll::dispatch", "internode_ll::combine")   # test_low_latency's 'dispatch', 'combine'
 
+    @classmethod
+    def buffer_bytes(cls, w):
+        """Its RDMA buffer and the [E, T, H] bf16 receive slots."""
+        return ll_buffer_bytes(w) + w.num_experts * w.num_tokens * 2 * w.hidden
+
     def validate(self, w, world):
         Backend.validate(self, w, world)
         if world < 2:
@@ -378,6 +346,12 @@ class DeepEPLowLatencyBackend(DeepEPBackend):
         """None: the LL receive tensor is padded ([L, max_tokens * R, H]), so recv_x.numel() is no byte
         count; its test's per-slot rule is traffic.upstream_bytes' deepep_ll_bytes."""
         return None
+
+
+def recv_room_bytes(w) -> int:
+    """Receive room for every rank's tokens, EP x T x (payload + bf16 combine rows): an assumption for the memory
+    estimate of the deduplicating backends (DeepEP normal, HybridEP), not their own size rule."""
+    return w.ep * w.num_tokens * (w.bytes_per_token + 2 * w.hidden)
 
 
 def ll_buffer_bytes(w) -> int:

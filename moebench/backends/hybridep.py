@@ -42,6 +42,7 @@ from .deepep import (
     find,
     group_by_local_expert,
     import_deep_ep,
+    recv_room_bytes,
     weighted_rows,
 )
 
@@ -130,6 +131,10 @@ class HybridEPBackend(Backend):
     @classmethod
     def version(cls):
         return build_version()
+
+    @classmethod
+    def buffer_bytes(cls, w):
+        return recv_room_bytes(w)
 
     @property
     def mode(self) -> str:

@@ -55,7 +55,7 @@ from ..core.megatron_map import BACKENDS, FLEX
 from ..core.workload import WorkloadError
 from ..env.toolkit import dist_version, installed
 from .base import SWITCH, Backend, Dispatched, Knob, Unavailable
-from .deepep import NUM_SMS, DeepEPBackend
+from .deepep import NUM_SMS, DeepEPBackend, recv_room_bytes
 from .hybridep import HybridEPBackend
 
 
@@ -193,6 +193,17 @@ class _McoreBackend(Backend):
     def version(cls) -> str:
         return dist_version("megatron-core") or ""
 
+    @classmethod
+    def cpu_problem(cls, knob_values):
+        if knob_values.get("mcore_cpu_emulation"):
+            return ""
+        return ("megatron-core's token dispatchers need CUDA (MoEAlltoAllTokenDispatcher creates a "
+                "torch.cuda.Stream); run with --device cuda")
+
+    @classmethod
+    def buffer_bytes(cls, w):
+        return recv_room_bytes(w) if cls.flex_backend else 0
+
     def validate(self, w, world):
         super().validate(w, world)
         if self.flex_backend and world < 2:
@@ -207,8 +218,7 @@ class _McoreBackend(Backend):
         if self.knob_values.get("mcore_cpu_emulation"):
             emulate_cuda_on_cpu()
         elif device.type != "cuda" or not torch.cuda.is_available():
-            raise Unavailable("megatron-core's token dispatchers need CUDA (MoEAlltoAllTokenDispatcher creates a "
-                              "torch.cuda.Stream); run with --device cuda")
+            raise Unavailable(self.cpu_problem({}))
         try:
             from megatron.core.process_groups_config import ProcessGroupCollection
             from megatron.core.transformer.moe import token_dispatcher as td
@@ -218,7 +228,8 @@ class _McoreBackend(Backend):
         if self.flex_backend:
             check_flex_importable(self.flex_backend)
             if self.flex_backend == "deepep":
-                from .deepep import bypass_nvlink_check, rdma_size_problem
+                from ..env.deepep import rdma_size_problem
+                from .deepep import bypass_nvlink_check
                 problem = rdma_size_problem(dist.get_world_size(group), w.hidden * 2)
                 if problem:
                     raise Unavailable(problem)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..backends.deepep import HINT as DEEPEP_HINT
 from ..core.megatron_map import BACKENDS
 from ..env import buildkind
+from ..env.deepep import HINT as DEEPEP_HINT
 from ..env.toolkit import find_nvcc, installed
 from . import child, imports
 from .baseline import rows_from_records

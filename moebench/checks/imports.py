@@ -52,7 +52,7 @@ def megatron_probe() -> dict:
         except Exception as e:  # noqa: BLE001
             out[f"{b.name}_error"] = f"{type(e).__name__}: {e}"
     if out.get("HAVE_DEEP_EP"):
-        from ..backends.deepep import rdma_size_problem
+        from ..env.deepep import rdma_size_problem
         try:
             out["deepep_build_problem"] = rdma_size_problem()
         except Exception as e:  # noqa: BLE001 - reported, not raised

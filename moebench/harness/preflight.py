@@ -1,7 +1,7 @@
 """Checks made before any rank starts, so that a backend which cannot run here costs no launch.
 
-- Megatron-Core's token dispatchers need CUDA: on a CPU run the mcore-* backends are WAIVED here,
-  not after their ranks start, import megatron-core and give up (8-18 s each).
+- A backend that cannot run on CPU says so (Backend.cpu_problem: Megatron-Core's token dispatchers
+  need CUDA): on a CPU run it is WAIVED here, not after its ranks start, import megatron-core and give up.
 - Memory: an estimate of what one case needs, host memory on CPU and device memory per GPU on
   CUDA, against what this machine has. It is an estimate, not a measurement: the sum of the large
   tensors a rank holds at its peak (below), plus a fixed cost per rank process, times the ranks that
@@ -16,9 +16,10 @@ busiest local expert (counts from the case's own routing, as the byte rule count
   peak of:   the oracle's combine, fp32 [T, K, H] products (8TKH + 4TH); the dispatch check's row
              keys of one expert (24MH); one backend call (alltoall-like: (S + 2R) b; deduplicating
              backends: (P + R) b)
-  on CUDA:   the L2 flush buffer, a CUDA context, and the backend's buffers (deepep-ll: its RDMA
-             buffer and [E, T, H] receive slots; deepep, hybridep: receive room for every rank's
-             tokens, EP x T x (b + 2H), an assumption, not DeepEP's or HybridEP's own size rule)
+  on CUDA:   the L2 flush buffer, a CUDA context, and the buffers the backend declares
+             (Backend.buffer_bytes; deepep-ll: its RDMA buffer and [E, T, H] receive slots; deepep,
+             hybridep: receive room for every rank's tokens, EP x T x (b + 2H), an assumption, not
+             DeepEP's or HybridEP's own size rule)
 On CPU this was checked against the peak RSS of the ranks (tests/test_robust_preflight.py): the
 estimate read 0.8-1.0 of it for 2 and 8 ranks, so a case close to the limit may still be killed;
 its FAIL then says that the kill was likely for memory (launch.py).
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.megatron_map import MCORE_PREFIX
+from ..backends import base
 from ..core.workload import Workload, make_routing
 from .launch import joined_env
 from .timing import L2_FLUSH_BYTES
@@ -42,15 +43,11 @@ GiB = 2**30
 RANK_PROCESS_HOST = 240 * 2**20      # a CPU rank: Python, torch and a gloo group (RSS, measured)
 RANK_CONTEXT_CUDA = 512 * 2**20      # a CUDA context and NCCL's buffers per GPU rank (rough)
 CHECK_KEY_BYTES = 24                 # int32 row keys of got + expected (4 + 4), int64 hash terms (8 + 8)
-DEDUP_BUFFERS = ("deepep", "hybridep", "mcore-deepep", "mcore-hybridep")
 
 
 def needs_cuda(name: str, spec) -> str:
-    """Why a backend cannot run on this run's device ('' when it can)."""
-    if name.startswith(MCORE_PREFIX) and spec.device != "cuda" and not spec.knobs.get("mcore_cpu_emulation"):
-        return ("megatron-core's token dispatchers need CUDA (MoEAlltoAllTokenDispatcher creates a "
-                "torch.cuda.Stream); run with --device cuda")
-    return ""
+    """Why a backend cannot run on this run's device ('' when it can): what the backend declares."""
+    return base.get(name).cpu_problem(spec.backend_knobs) if spec.device != "cuda" else ""
 
 
 @functools.lru_cache(maxsize=16)
@@ -84,12 +81,7 @@ def rank_bytes(name: str, dedup: bool, w: Workload, c: dict, r: int, cuda: bool)
     if not cuda:
         return held + peak + RANK_PROCESS_HOST
     extra = L2_FLUSH_BYTES + RANK_CONTEXT_CUDA
-    if name == "deepep-ll":
-        from ..backends.deepep import ll_buffer_bytes
-        extra += ll_buffer_bytes(w) + w.num_experts * T * 2 * H
-    elif name in DEDUP_BUFFERS:
-        extra += w.ep * T * (b + 2 * H)
-    return held + peak + extra
+    return held + peak + extra + base.get(name).buffer_bytes(w)
 
 
 @dataclass
@@ -150,14 +142,12 @@ def memory_problem(name: str, dedup: bool, spec) -> str:
 def waiver(name: str, spec) -> str:
     """Why a backend that is installed and takes the shape still cannot run here ('' when it can):
     runner.waiver's last check, made before any rank starts."""
-    from ..backends import base
     return needs_cuda(name, spec) or memory_problem(name, base.get(name).dedup, spec)
 
 
 def refusal(name: str, spec) -> str:
     """For a backend named on the command line (bad input, exit 2): the memory problem of one that
     would otherwise run here; '' when it fits, or when it will be WAIVED anyway."""
-    from ..backends import base
     cls = base.get(name)
     if not cls.available()[0] or needs_cuda(name, spec):
         return ""

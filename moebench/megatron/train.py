@@ -28,12 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..backends.mcore import (
-    emulate_cuda_on_cpu,
-    mcore_version,
-    num_sms_config,
-    patch_megatron_without_te,
-)
+from ..backends.mcore import emulate_cuda_on_cpu, mcore_version, num_sms_config, patch_megatron_without_te
 from ..core.megatron_map import BACKENDS
 
 EXPECTED = {n: (b.dispatcher_class, b.manager_class) for n, b in BACKENDS.items()}   # classes that must run
