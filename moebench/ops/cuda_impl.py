@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..env.toolkit import CSRC_DIR, find_nvcc
+from .pinned import PinnedRing
 
 _C = None
 _why = "not loaded yet"
@@ -106,24 +107,10 @@ def _ws_words(n: int, E: int, pad: int) -> int:
     return w
 
 
-class _HostCounts:
-    """Pinned int32 rows, one per call in turn, that the scan kernel writes tokens per expert into
-    (pinned memory is mapped into the GPU's address space): the host reads them as soon as the
-    index kernels are done, while the copy still runs. Made once per device."""
-
-    SLOTS, E_MAX = 16, 4096
-    _rings: dict = {}
-
-    @classmethod
-    def take(cls, dev: torch.device):
-        ring = cls._rings.get(dev)
-        if ring is None:
-            host = torch.zeros((cls.SLOTS, cls.E_MAX), dtype=torch.int32, pin_memory=True)
-            ring = cls._rings[dev] = [[r.data_ptr() for r in host], host.numpy(), 0, host]
-        ptrs, view, n, _ = ring
-        ring[2] = n + 1
-        row = n % cls.SLOTS
-        return ptrs[row], view[row]
+E_MAX = 4096                     # the CUDA kernels' expert limit (larger E goes to Triton)
+# tokens per expert, written by the scan kernel: the host reads them once the index kernels are done,
+# while the copy still runs
+_HOST_COUNTS = PinnedRing(slots=16, width=E_MAX)
 
 
 def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tensor | None,
@@ -133,7 +120,7 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
     the scan kernel writes, so the host waits for the index kernels only, not for the copy."""
     T, K = topk_idx_TK.shape
     E = int(num_experts)
-    if K > 32 or E > 4096 or K == 0 or E == 0:
+    if K > 32 or E > E_MAX or K == 0 or E == 0:
         from . import triton_impl  # outside the CUDA kernels' limits
         res = triton_impl.permute(x_TH, topk_idx_TK, E, scales_TS, pad_multiple, num_out_rows, "", probs_TK)
         return (*res, res[3].tolist()) if host_counts else res
@@ -159,7 +146,8 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
     tpe = torch.empty(E, dtype=torch.int32, device=dev)
     out_p = torch.empty(r_max, dtype=torch.float32, device=dev) if p is not None else None
     wait = 1 if (num_out_rows < 0 or host_counts) else 0
-    host_ptr, host_view = _HostCounts.take(dev) if host_counts else (0, None)
+    row = _HOST_COUNTS.take(dev) if host_counts else None
+    host_ptr = row.host.data_ptr() + 4 * row.offset if row else 0
     R = _C.permute(x.data_ptr(), x.shape[1] * x.element_size(),
                    s.data_ptr() if s is not None else 0,
                    s.shape[1] * s.element_size() if s is not None else 0,
@@ -174,7 +162,7 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
         out_s = out_s[:R] if out_s is not None else None
         out_p = out_p[:R] if out_p is not None else None
     if host_counts:
-        return out, out_s, row_map, tpe, out_p, host_view[:E].tolist()
+        return out, out_s, row_map, tpe, out_p, row.view[:E].tolist()
     return out, out_s, row_map, tpe, out_p
 
 

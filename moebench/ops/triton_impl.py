@@ -15,6 +15,7 @@ try:
 except ImportError:  # pragma: no cover - Triton without host-side tensor descriptors (< 3.3)
     TensorDescriptor = None
 
+from .pinned import PinnedRing
 from .triton_kernels import (
     _permute_copy,
     _permute_copy_tma,
@@ -203,25 +204,9 @@ def _tma_desc(ow: Tensor, r_max: int, W: int, copy_bh: int):
     return TensorDescriptor(ow, [r_max, NC, BW], [W, BW, 1], [1, NB, BB]), NC, BW, NB, BB
 
 
-class _HostRing:
-    """Pinned int32 slots that the scan kernel writes the row count into (pinned memory is
-    mapped into the GPU's address space), one event each, made once per device. The caller
-    records the slot's event after the scan, launches the copy, then waits on the event alone:
-    no side stream and no device-to-host copy (those cost more host time than the kernels)."""
-
-    SLOTS = 64
-    _rings: dict = {}
-
-    @classmethod
-    def take(cls, dev: torch.device):
-        ring = cls._rings.get(dev)
-        if ring is None:
-            host = torch.full((cls.SLOTS,), -1, dtype=torch.int32, pin_memory=True)
-            ring = cls._rings[dev] = dict(host=host, view=host.numpy(), next=0,
-                                          events=[torch.cuda.Event() for _ in range(cls.SLOTS)])
-        slot = ring["next"] % cls.SLOTS
-        ring["next"] += 1
-        return ring, slot
+# the row count, written by the scan kernel: the caller records the row's event after the scan, launches
+# the copy, then waits on the event alone
+_HOST_ROWS = PinnedRing(slots=64, width=1, fill=-1)
 
 
 @functools.lru_cache(maxsize=256)
@@ -252,14 +237,12 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
         return (out[:0], out_s[:0] if has_s else None, row_map, torch.zeros(E, dtype=torch.int32, device=dev),
                 out_p[:0] if has_p else None)
     idx = topk_idx_TK.contiguous()
-    ring = None
-    if num_out_rows < 0 and dev.type == "cuda":
-        ring, slot = _HostRing.take(dev)
+    row = _HOST_ROWS.take(dev) if num_out_rows < 0 and dev.type == "cuda" else None
     k = knobs(variant)
     pdl = _pdl(dev, k)
-    ws, tpe, lay = route(idx, E, pad_multiple, (ring["host"], slot) if ring else None, k, pdl)
-    if ring:
-        ring["events"][slot].record()
+    ws, tpe, lay = route(idx, E, pad_multiple, (row.host, row.offset) if row else None, k, pdl)
+    if row:
+        row.event.record()
     xw, ow = _words(x_TH), _words(out)
     W = xw.shape[1]
     sw, osw = (_words(scales_TS), _words(out_s)) if has_s else (None, None)
@@ -277,9 +260,9 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
                lay.B0, lay.S0, W, WS, E, lay.SB, K, KP, BH, has_s, has_p, BS, k.copy_cs, pdl, pdl=pdl)
     if pad_multiple > 1:
         launch(_zero_pad, (E,), 4, ow, osw, out_p, ws, lay.S0, tpe, W, WS, E, BH, has_s, has_p, BS)
-    if ring:
-        ring["events"][slot].synchronize()
-        R = int(ring["view"][slot])
+    if row:
+        row.event.synchronize()
+        R = int(row.view[0])
     else:
         R = int(num_out_rows) if num_out_rows >= 0 else int(ws[lay.S0 + 2 * E])
     return out[:R], (out_s[:R] if has_s else None), row_map, tpe, (out_p[:R] if has_p else None)
