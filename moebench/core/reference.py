@@ -38,11 +38,6 @@ def expected_dispatch(w: Workload, rank: int, device="cpu"):
     return out_rows, out_scales
 
 
-def expert_scale(rank: int, w: Workload, j: int) -> float:
-    """The correctness expert's factor for local expert j of `rank`."""
-    return float(rank * w.local_experts + j + 1)
-
-
 def apply_experts(x_RH, tokens_per_expert, rank: int, w: Workload, scales_RS=None) -> torch.Tensor:
     """y = dequant(x) * (global_expert + 1) in bf16, row blocks per local expert."""
     xf = fp8_dequantize(x_RH, scales_RS) if scales_RS is not None else x_RH.float()

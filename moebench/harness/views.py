@@ -1,4 +1,4 @@
-"""Timing views (DESIGN.md "Timing views"): what is inside a phase's time, named in every record.
+"""Timing views (README.md, "Timing views"): what is inside a phase's time, named in every record.
 
   api     what a training step pays for one call (layout, metadata, host waits, local permute):
           barrier before each call, per-iteration max over ranks, median (timing.Timer.run).

@@ -13,7 +13,7 @@ Otherwise `alltoall` stays, with the reason. Megatron-path results (`mcore-*`, t
 training step runs) are preferred to the raw backends when both a control and a candidate passed
 there; the two families are never mixed in one A/B. Only records whose check PASSed count.
 
-Flags are a lookup, since backend names are Megatron's own values (see DESIGN.md, Megatron handoff).
+Flags are a lookup, since backend names are Megatron's own values (README.md, "Megatron handoff").
 The SM-count flag depends on the megatron-core version: `--moe-flex-dispatcher-num-sms` from 0.19,
 `--moe-deepep-num-sms` / `--moe-hybridep-num-sms` before.
 """
