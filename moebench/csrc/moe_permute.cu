@@ -153,8 +153,8 @@ __device__ __forceinline__ int pad_up(int c, int pad) { return pad > 1 ? (c + pa
 // groups of blocks. counts [NB, E] in: per-block counts; out: each block's first row per expert,
 // relative to the expert's start; ecount = totals. The last tile block to arrive scans the padded
 // totals over all experts: estart, tokens per expert and the row count, also written to mapped
-// pinned host memory so the host can learn R while the copy runs. (The first version was one
-// block for all experts: 11 us at E 256, NB 128 on the H200, 7% of the permute at T 4096.)
+// pinned host memory so the host can learn R while the copy runs. (Not one block for all experts:
+// that makes the scan a sizeable share of the permute at large E; see bench/results/README.md.)
 constexpr int kScanKeep = 8;  // per-thread block counts kept in registers between the two passes
 __global__ void __launch_bounds__(1024) route_scan_kernel(int32_t* __restrict__ counts, int NB,
                                                           int E, int pad, int32_t* __restrict__ tpe,
@@ -463,8 +463,8 @@ __device__ __forceinline__ float load_w(const void* w, int dt, int64_t i) {
 }
 
 // One warp per token, 8 warps per block; rows and weights of the K slots held in registers.
-// (Measured on the H200: a variant with 4-warp blocks and per-chunk shuffles, 96 registers, was
-// 0-5% slower, so this one stays.)
+// (A variant with 4-warp blocks and per-chunk shuffles, 96 registers, is slower on Hopper:
+// bench/results/README.md, "Why the permute defaults are what they are".)
 template <typename T, int VEC, int KMAX, int UNROLL>
 __global__ void __launch_bounds__(kThreads) unpermute_kernel(const T* __restrict__ y,
                                                              const int32_t* __restrict__ row_map,

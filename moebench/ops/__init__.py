@@ -79,11 +79,9 @@ def _available(name: str) -> tuple[bool, str]:
     return _status[name]
 
 
-# Fastest first, per op, as measured side by side on the H200 (bench/results/permute-h200.jsonl):
-# CUDA's permute beats Triton's (0.81 vs 0.29-0.73 of copy at T 4096, Triton's host path varies),
-# Triton's unpermute beats CUDA's (1.00 vs 0.91). Issue 16 (permute-issue16-h200.jsonl, after the
-# direct launch was mended): Triton's permute 0.3-4.7% behind CUDA's; at EP 1 the combine with the
-# Triton unpermute 125-126 us vs 137 with the CUDA one (ep1-issue16-h200.jsonl, issue16-h200-run*.txt).
+# Fastest first, per op, side by side on Hopper: CUDA's permute is ahead of Triton's (by a few
+# percent once the Triton launch is direct), Triton's unpermute ahead of CUDA's, also inside the EP 1
+# combine (bench/results/README.md, "Why the permute defaults are what they are").
 PREFERENCE = {"permute": ("cuda", "triton"), "unpermute": ("triton", "cuda"),
               "sort_chunks_by_idxs": ("cuda", "triton")}
 

@@ -39,21 +39,19 @@ class Knobs(NamedTuple):
     unperm_warps: int
     # 1: permute's row writes are TMA bulk stores (``_permute_copy_tma``) where the device and the
     # shape allow it (compute capability >= 9, or the interpreter; rows a multiple of 16 bytes);
-    # 0 (default): the plain ``_permute_copy``. On the H200 both kernels take the same time (149.1
-    # vs 148.5 us at T 4096, H 7168: bench/results/permute-h200.jsonl, impl triton@...:1) and the
-    # descriptor costs host time, so TMA is opt-in.
+    # 0 (default): the plain ``_permute_copy``. TMA is opt-in: on Hopper its copy is no faster than
+    # the plain one and its descriptor costs host time
+    # (bench/results/README.md, "Why the permute defaults are what they are").
     copy_tma: int
     # 1 (default): the copy's loads and stores stream (evict-first loads, ".cs" stores), as the CUDA
-    # bulk copy's L2 evict-first hints do; 0: plain. On the H200 the copy kernel took 146.6 vs 148.7
-    # us at T 4096, H 7168 (bench/results/permute16-h200-run1.jsonl, triton@1024:4:1024:4:0:1;
-    # 143.7 vs 145.3 in run2).
+    # bulk copy's L2 evict-first hints do; 0: plain. Streaming is the default because its copy is
+    # slightly faster than the plain one on Hopper
+    # (bench/results/README.md, "Why the permute defaults are what they are").
     copy_cs: int
     # the index kernels: ``_route_rank``'s fewest slots per block (a power of 2; more when there are
     # more than 128 blocks' worth) and warps; ``_route_scan``'s experts per program, blocks per
-    # chunk and warps. On the H200 at T 4096, K 8, E 256 (bench/results/permute-issue16-route-h200.jsonl,
-    # pdl 0 for clean kernel times): rank 256 slots, 4 warps 4.2 us (2 warps 4.9, 8 warps 5.0, 1 warp
-    # 8.8; 512 slots 6.1, 1024 slots 10.7); scan 16 experts x 128 blocks, 4 warps 3.2 us (was 64 x 64:
-    # 5.0; 32 x 128: 3.6; the CUDA scan 4.5).
+    # chunk and warps. Each default is the fastest of the settings tried at T 4096, K 8, E 256
+    # (bench/results/README.md, "Why the permute defaults are what they are").
     rank_sb: int
     rank_warps: int
     scan_eb: int
@@ -61,8 +59,8 @@ class Knobs(NamedTuple):
     scan_warps: int
     # 1 (default): the scan and the copy are programmatic dependent launches where the device has
     # them (compute capability >= 9; not the interpreter), see triton_kernels.py; 0: plain launches.
-    # H200 permute medians at T 4096: 154.4 us with, 156.1 without (64 x 64 scan, one process);
-    # 151-152 with, 155 without (16 x 128, two processes; bench/results/permute-issue16-pdl-h200.jsonl).
+    # On by default: hiding the launch latency between the kernels makes the permute slightly faster
+    # (bench/results/README.md, "Why the permute defaults are what they are").
     pdl: int
 
 
@@ -126,8 +124,8 @@ class _Layout(NamedTuple):
 
 @functools.lru_cache(maxsize=256)
 def _layout(n: int, E: int, rank_sb: int, scan_eb: int) -> _Layout:
-    """scan_eb experts per scan program (one program for all took 16.4 us at E 256 on the H200, 10%
-    of the permute at T 4096)."""
+    """scan_eb experts per scan program: one program for all experts would make the scan a sizeable
+    share of the permute at large E (bench/results/README.md, "Why the permute defaults are what they are")."""
     SB = min(4096, max(rank_sb, _pow2(-(-n // 128))))
     NB = -(-n // SB)
     B0 = -(-n // 4) * 4             # the scan's array starts 16-byte aligned

@@ -2,19 +2,19 @@
 
 ``kernel[grid](...)`` (``JITFunction.run``) redoes per call what never changes between calls of
 one op: it asks for the device and stream, binds and specialises every argument, turns the
-options dict into a string key, checks the kernel's globals and builds launch metadata. On the
-H200 machine the three permute launches and their torch glue took 143-361 us of host time per
-call (bench/results/permute-README.md) against 64-128 us for the CUDA impl's one call, and when the
-host lags the GPU the timed call waits for it (issue 16 item 3).
+options dict into a string key, checks the kernel's globals and builds launch metadata. For the
+three permute launches and their torch glue that host time is well above the CUDA impl's one
+call, and when the host lags the GPU the timed call waits for it
+(bench/results/README.md, "Why the permute defaults are what they are").
 
 ``launch(fn, grid, num_warps, *args, pdl=False)`` takes every kernel parameter positionally
 (constexprs too, in the kernel's order); ``pdl`` compiles the kernel with ``launch_pdl`` (a
 programmatic dependent launch: it may start while the kernel before it finishes, and waits for it
 in ``gdc_wait``). The first call for a specialisation key goes through
 ``fn[grid](...)``, which compiles and returns the CompiledKernel; later calls with the same key
-call its launcher directly, as ``JITFunction.run`` does at its end. (Passing tensors as their
-addresses instead, which skips the launcher's per-pointer driver query, measured no better on the
-H200: host_us 314 vs 174 in two runs, bench/results/permute16-h200-run2.jsonl; reverted.) The key holds what Triton
+call its launcher directly, as ``JITFunction.run`` does at its end. Tensors go in as tensors:
+passing their addresses instead, which skips the launcher's per-pointer driver query, is no cheaper
+on the host (bench/results/README.md, "Why the permute defaults are what they are"). The key holds what Triton
 specialises on (tensor dtype and 16-byte alignment; int divisibility by 16, == 1 and the
 i32/i64/u64 range; None; constexpr values and their types; num_warps; the device), so a cached
 kernel is only reused where Triton would pick the same one (tests/test_triton_launch.py checks
