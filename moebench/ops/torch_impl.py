@@ -73,15 +73,6 @@ def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor) -> Tensor:
     return acc.to(y_RH.dtype)
 
 
-def chunk_offsets(split_sizes_C: Tensor, sorted_idxs_C: Tensor):
-    """(in_start_C, out_start_C, out_sizes_C) of sort_chunks_by_idxs, all int64."""
-    sizes = split_sizes_C.long()
-    in_start = torch.cumsum(sizes, 0) - sizes
-    out_sizes = sizes[sorted_idxs_C.long()]
-    out_start = torch.cumsum(out_sizes, 0) - out_sizes
-    return in_start, out_start, out_sizes
-
-
 def sort_chunks_by_idxs(x_RH: Tensor, split_sizes_C: Tensor, sorted_idxs_C: Tensor) -> Tensor:
     """Megatron semantics: split rows into chunks of split_sizes, concatenate in sorted_idxs order."""
     chunks = torch.split(x_RH, split_sizes_C.tolist(), dim=0)
