@@ -21,15 +21,9 @@ from .harness.spec import add_shape_args
 from .records import provenance
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):            # one line on stderr, exit 2, no usage dump
-        print(f"moebench.check: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m moebench.check", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.Parser(prog="python -m moebench.check", description=__doc__,
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-l", "--list", action="store_true", help="list the checks and exit")
     p.add_argument("-t", "--test", action="append", metavar="KEY", help="run check KEY (or family KEY.*); repeatable")
     p.add_argument("-p", "--prefix", action="append", metavar="PREFIX", help="run checks whose key starts with PREFIX")
@@ -37,42 +31,40 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="out", default=argparse.SUPPRESS, help=argparse.SUPPRESS)   # old name of --out
     p.add_argument("--junit", metavar="PATH", help="write JUnit XML (WAIVED = skipped, FAIL = failure)")
     p.add_argument("--baseline", metavar="FILE", help="earlier run (dispatch JSONL or check --out report) to gate against")
-    p.add_argument("--threshold", type=float, default=baseline.DEFAULT_THRESHOLD_PCT,
+    p.add_argument("--threshold", type=cli.number(0), default=baseline.DEFAULT_THRESHOLD_PCT,
                    help="bandwidth drop in %% that fails the baseline gate (default 10)")
     p.add_argument("--results", action="append", metavar="FILE",
                    help="also gate these moebench.dispatch JSONL results against --baseline")
-    p.add_argument("--ep", type=int, help="EP size the training run will use (hybridep.domain; default: visible GPUs)")
-    p.add_argument("--tp", type=int, default=1, help="TP size of the training run (EP x TP vs the NVLink domain)")
+    p.add_argument("--ep", type=cli.count(), help="EP size the training run will use (hybridep.domain; default: visible GPUs)")
+    p.add_argument("--tp", type=cli.count(), default=1, help="TP size of the training run (EP x TP vs the NVLink domain)")
     add_shape_args(p, tokens_help="round-trip tokens per rank")
-    p.add_argument("--ll-num-tokens", type=int, default=128, help="round-trip tokens per rank for deepep-ll")
-    p.add_argument("--iters", type=int, default=10, help="timed iterations of the round trips")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per contained probe")
+    p.add_argument("--ll-num-tokens", type=cli.count(), default=128, help="round-trip tokens per rank for deepep-ll")
+    p.add_argument("--iters", type=cli.count(), default=10, help="timed iterations of the round trips")
+    p.add_argument("--timeout", type=cli.number(0, strict=True), default=300.0, help="seconds per contained probe")
     p.add_argument("--sysfs-root", default="/sys", help=argparse.SUPPRESS)
     return p
 
 
 def _validate(args) -> None:
-    for name in ("ep", "tp", "num_tokens", "ll_num_tokens", "hidden", "num_experts", "topk", "iters"):
-        v = getattr(args, name)
-        if v is not None and v < 1:
-            raise SelectionError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
-    if args.timeout <= 0 or args.threshold < 0:
-        raise SelectionError("--timeout must be > 0 and --threshold >= 0")
     bad_out = cli.first_output_problem([(args.out, "--out"), (args.junit, "--junit")])
     if bad_out:
         raise SelectionError(bad_out)
     for f in [args.baseline, *(args.results or [])]:
         if f:
             try:
-                baseline.read_rows(f)
+                rows = baseline.read_rows(f)
             except (OSError, ValueError) as e:
                 raise SelectionError(f"cannot read {f}: {e}") from None
+            if not rows:
+                raise SelectionError(f"{f}: no bandwidth rows in it (a timed PASS moebench.dispatch record, a rows "
+                                     "JSONL or a moebench.check --out report with rows): nothing to gate against")
 
 
 def _line(r) -> str:
     return f"{r.status:<7} {r.key:<20} {r.seconds:7.1f}s  {r.summary}"
 
 
+@cli.tool
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)

@@ -6,6 +6,7 @@ Without a GPU (or with --device cpu) it runs on CPU/gloo: a functional run, not 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from . import cli
@@ -18,13 +19,14 @@ from .records import schema, tables, writer
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m moebench.dispatch", description=__doc__,
+    p = cli.Parser(prog="python -m moebench.dispatch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     spec.add_args(p)        # the flags of one run (moebench/harness/spec.py)
     sweep.add_args(p)       # --sweep NAME, --knob-sweep, --max-cases, --redo-failed (moebench/harness/sweep.py)
     return p
 
 
+@cli.tool
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     bad_out = cli.output_problem(args.out, "--out")
@@ -45,12 +47,24 @@ def main(argv: list[str] | None = None) -> int:
     w = run.workload
     say(f"# workload: T={w.num_tokens} H={w.hidden} E={w.num_experts} K={w.topk} EP={w.ep} "
         f"dtype={w.dtype} routing={w.routing} seed={w.seed} device={run.device}")
-    records = run_case(run, list(sys.argv[1:] if argv is None else argv), progress=say)
+    done: list[str] = []
+    written = [0]
+
+    def finished(name: str, recs: list[dict]) -> None:     # each backend's records on disk as it ends
+        writer.write_jsonl(args.out, recs)
+        done.append(name)
+        written[0] += len(recs)
+    try:
+        records = run_case(run, list(sys.argv[1:] if argv is None else argv), progress=say, sink=finished)
+    except KeyboardInterrupt as e:
+        left = [b for b in run.backends if b not in done]
+        raise cli.Interrupted(getattr(e, "signum", signal.SIGINT),
+                              f"{written[0]} records of {', '.join(done) or 'no backend'} kept in {args.out}; "
+                              f"not run: {', '.join(left)}") from None
     if joined is not None and joined[0] != 0:
         return 0
     print(tables.format_table(records))
-    writer.write_jsonl(args.out, records)
-    print(f"# {len(records)} records appended to {args.out}")
+    print(f"# {len(records)} records appended to {args.out} as each backend finished")
     if run.device == "cpu":
         print("# CPU/gloo run: the times above are functional only, not performance figures")
     elif run.ranks_per_gpu > 1:

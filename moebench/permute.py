@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import warnings
 
@@ -58,14 +59,14 @@ def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m moebench.permute", description=__doc__.split("\n")[0])
+    p = cli.Parser(prog="python -m moebench.permute", description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default=None, help=f"TxHxKxE,... (default {DEFAULT_SHAPES}; CPU {CPU_SHAPES})")
     p.add_argument("--ops-impl", dest="impl", default=",".join(IMPLS),
                    help="comma list of " + ", ".join(IMPLS) + " (cuda@V, triton@BH:WARPS:... for variants)")
     p.add_argument("--impl", dest="impl", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old name
     p.add_argument("--ops", default=",".join(OPS), help="comma list of " + ", ".join(OPS))
-    p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--warmup-ms", type=float, help="warm-up budget per timed row (default 200; CPU 0)")
+    p.add_argument("--iters", type=cli.count(), default=50)
+    p.add_argument("--warmup-ms", type=cli.number(0), help="warm-up budget per timed row (default 200; CPU 0)")
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="permute payload")
     p.add_argument("--out", default=None, help="JSONL file to append to")
     p.add_argument("--plot", default=None, help="PNG: GB/s per impl and shape with the copy line")
@@ -74,10 +75,8 @@ def parse_args(argv):
     p.add_argument("--profile", action="store_true", help="also record per-kernel times (profiler)")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="also write a Chrome trace (host + GPU) of 4 timed iterations per row to DIR")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=cli.seed, default=0)
     a = p.parse_args(argv)
-    if a.iters < 1:
-        raise UsageError("--iters must be >= 1")
     impls = [s for s in a.impl.split(",") if s]
     for s in impls:
         if s.split("@")[0] not in IMPLS:
@@ -306,6 +305,7 @@ def plot(recs, copy_GBps, path):
     return fig
 
 
+@cli.tool
 def main(argv=None) -> int:
     try:
         a = parse_args(argv)
@@ -313,7 +313,8 @@ def main(argv=None) -> int:
         shapes = parse_shapes(a.shapes or (DEFAULT_SHAPES if device.type == "cuda" else CPU_SHAPES))
         for T, H, K, E in shapes:
             Workload(num_tokens=T, hidden=H, num_experts=E, topk=K, ep=1, dtype=a.dtype)   # bad shape: exit 2
-        bad_out = cli.first_output_problem([(a.out, "--out"), (a.plot, "--plot")])
+        bad_out = cli.first_output_problem([(a.out, "--out"), (a.plot, "--plot")]) or cli.output_problem(
+            a.trace, "--trace", folder=True)
         if bad_out:
             raise UsageError(bad_out)
     except (UsageError, WorkloadError) as e:
@@ -331,14 +332,21 @@ def main(argv=None) -> int:
           f"write-only {bw['write_GBps']:.0f}, read-only {bw['read_GBps']:.0f}; median of "
           f"{a.iters}, L2 flush {'on' if timer.flush_buf is not None else 'off'}")
     recs = []
-    for n, shape in enumerate(shapes):
-        recs += run_shape(shape, a, timer, copy_GBps, device, prov, cmd, f"shape {n + 1}/{len(shapes)} ")
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    try:
+        for n, shape in enumerate(shapes):
+            mine = run_shape(shape, a, timer, copy_GBps, device, prov, cmd, f"shape {n + 1}/{len(shapes)} ")
+            if a.out:
+                writer.write_jsonl(a.out, mine)      # on disk as each shape finishes
+            recs += mine
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    except KeyboardInterrupt as e:
+        kept = f"{len(recs)} records of {n} shape(s) kept in {a.out}" if a.out else "no --out given"
+        raise cli.Interrupted(getattr(e, "signum", signal.SIGINT),
+                              f"{kept}; not run: {', '.join('x'.join(map(str, s)) for s in shapes[n:])}") from None
     print(format_table(recs))
     if a.out:
-        writer.write_jsonl(a.out, recs)
-        print(f"# {len(recs)} records appended to {a.out}")
+        print(f"# {len(recs)} records appended to {a.out} as each shape finished")
     if a.plot:
         plot(recs, copy_GBps, a.plot)
         print(f"# plot written to {a.plot}")

@@ -24,13 +24,13 @@ import sys
 
 import torch
 
+from . import cli
 from .core import ceilings, traffic
 from .core.workload import DTYPES, Workload, WorkloadError, make_routing
-from .harness.spec import add_shape_args, check_options
+from .harness.spec import add_shape_args
 from .records import schema
 
 SAMPLE_BUDGET = 1 << 25        # routing scores generated at most (EP ranks x tokens x experts)
-LINK_RULES = (("nvlink_gbps", 0, "must be > 0"), ("net_gbps", 0, "must be > 0"), ("sample_budget", 1, "must be >= 1"))
 
 
 def layout(gpus: int, gpn: int, ep: int, tp: int = 1, etp: int | None = None, pp: int = 1) -> dict:
@@ -201,31 +201,31 @@ def format_text(p: dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m moebench.plan", description=__doc__,
+    p = cli.Parser(prog="python -m moebench.plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gpus", type=int, help="total GPUs (default: ETP*EP*PP)")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node = NVLink domain (default 8)")
-    p.add_argument("--ep", type=int, required=True, help="expert-parallel size")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    p.add_argument("--etp", type=int, help="expert tensor-parallel size (Megatron's default: TP)")
-    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
+    p.add_argument("--gpus", type=cli.count(), help="total GPUs (default: ETP*EP*PP)")
+    p.add_argument("--gpus-per-node", type=cli.count(), default=8, help="GPUs per node = NVLink domain (default 8)")
+    p.add_argument("--ep", type=cli.count(), required=True, help="expert-parallel size")
+    p.add_argument("--tp", type=cli.count(), default=1, help="tensor-parallel size")
+    p.add_argument("--etp", type=cli.count(), help="expert tensor-parallel size (Megatron's default: TP)")
+    p.add_argument("--pp", type=cli.count(), default=1, help="pipeline-parallel size")
     p.add_argument("--gpu", default="H200", help="GPU SKU for the nominal NVLink speed (default H200)")
-    p.add_argument("--nvlink-gbps", type=float, help="NVLink GB/s per GPU per direction (default: nominal)")
-    p.add_argument("--net-gbps", type=float, help=f"network GB/s per GPU (default {ceilings.NIC_NOMINAL_GBPS:g})")
+    p.add_argument("--nvlink-gbps", type=cli.number(0, strict=True), help="NVLink GB/s per GPU per direction (default: nominal)")
+    p.add_argument("--net-gbps", type=cli.number(0, strict=True), help=f"network GB/s per GPU (default {ceilings.NIC_NOMINAL_GBPS:g})")
     p.add_argument("--results", nargs="+", metavar="JSONL", help="measured results: predict from their busbw")
     add_shape_args(p)
     p.add_argument("--dtype", choices=DTYPES, default="bf16")
     p.add_argument("--routing", default="uniform", help="as moebench.dispatch (group:G:M for node-limited)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sample-budget", type=int, default=SAMPLE_BUDGET, help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=cli.seed, default=0)
+    p.add_argument("--sample-budget", type=cli.count(), default=SAMPLE_BUDGET, help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p
 
 
+@cli.tool
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     try:
-        check_options(a, LINK_RULES)
         etp = a.tp if a.etp is None else a.etp
         lay = layout(a.gpus if a.gpus is not None else etp * a.ep * a.pp, a.gpus_per_node, a.ep, a.tp, etp, a.pp)
         w = Workload(num_tokens=a.num_tokens, hidden=a.hidden, num_experts=a.num_experts, topk=a.topk, ep=a.ep,
@@ -247,15 +247,17 @@ def _read(paths: list[str]) -> list[dict]:
     """The records of --results that are measurements: CPU and shared-GPU records are functional only
     (left out with a note; refused when nothing else is there)."""
     try:
-        recs = schema.read_dispatch(paths)
-    except OSError as e:
-        raise WorkloadError(str(e)) from None
-    if recs and not (recs := schema.performance_only(recs, "plan --results")):
+        recs = schema.read_dispatch(paths, require=True)
+    except (OSError, ValueError) as e:
+        raise WorkloadError(f"--results {e}") from None
+    if not (recs := schema.performance_only(recs, "plan --results")):
         raise WorkloadError(f"--results: every record is {schema.FUNCTIONAL_NOTE}: measure on the target GPUs "
                             "or leave --results out (nominal link speeds)")
+    if not any(schema.timed(r) and schema.traffic(r).get("bus_bytes") for r in recs):
+        raise WorkloadError("--results: no PASS record with timed traffic across links (EP 1 moves no byte over a "
+                            "link): nothing to predict from; leave --results out for nominal link speeds")
     return recs
 
 
 if __name__ == "__main__":
-    from moebench import cli
     sys.exit(cli.run(main, "moebench.plan"))

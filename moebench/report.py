@@ -192,7 +192,7 @@ def format_compare(res: dict, label_a: str, label_b: str, markdown: bool = False
 # ---- CLI -----------------------------------------------------------------------------------------
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m moebench.report", description=__doc__,
+    p = cli.Parser(prog="python -m moebench.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="*", metavar="FILE", help="moebench JSONL files")
     p.add_argument("--plot", metavar="PNG", help="write GB/s against tokens per backend to PNG")
@@ -200,7 +200,7 @@ def parser() -> argparse.ArgumentParser:
                    help="write exposed time and GEMM slowdown against the SM knob to PNG (--overlap records)")
     p.add_argument("--metric", default="busbw", choices=METRICS, help="figure to plot (default busbw)")
     p.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two JSONL files, or two backends in FILE...")
-    p.add_argument("--min-effect", type=float, default=0.01,
+    p.add_argument("--min-effect", type=cli.number(0, high=1), default=0.01,
                    help="smallest relative change called faster/slower (default 0.01)")
     p.add_argument("--markdown", action="store_true", help="GitHub markdown tables")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -211,10 +211,10 @@ def parser() -> argparse.ArgumentParser:
 def _compare_inputs(args) -> tuple[list[dict], list[dict], str, str, bool]:
     a, b = args.compare
     if Path(a).is_file() and Path(b).is_file():
-        return read_dispatch([a]), read_dispatch([b]), a, b, False
+        return read_dispatch([a], require=True), read_dispatch([b], require=True), a, b, False
     if not args.files:
         raise ReportError(f"--compare {a} {b}: not two files, so give FILE... holding backends {a} and {b}")
-    recs = read_dispatch(args.files)
+    recs = read_dispatch(args.files, require=True)
     names = {schema.name(r) for r in recs}
     for n in (a, b):
         if n not in names:
@@ -242,9 +242,7 @@ def run(args) -> int:
         return 0
     if not args.files:
         raise ReportError("give one or more JSONL files")
-    recs = read_dispatch(args.files)
-    if not recs:
-        raise ReportError(f"no moebench records in {', '.join(args.files)}")
+    recs = read_dispatch(args.files, require=True)
     if args.best_knobs:
         best = knobs.best_knobs(recs)
         print(json.dumps(best, indent=1) if args.json else
@@ -269,11 +267,12 @@ def run(args) -> int:
     return 0
 
 
+@cli.tool
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return run(args)
-    except (ReportError, OSError) as e:
+    except (ReportError, OSError, ValueError) as e:
         print(f"moebench.report: error: {e}", file=sys.stderr)
         return 2
 

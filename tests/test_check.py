@@ -28,9 +28,7 @@ def test_list_and_bad_usage(capsys):
     assert check.main(["-t", "no-such-check"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown check 'no-such-check'" in err
-    with pytest.raises(SystemExit) as e:
-        check.main(["--bogus-flag"])
-    assert e.value.code == 2
+    assert check.main(["--bogus-flag"]) == 2      # a usage error is the exit code main() returns
     assert check.main(["--tp", "0"]) == 2
 
 

@@ -76,7 +76,7 @@ def test_waived_backend_is_reported_not_fatal(tmp_path, capsys):
     (["--ep", "64", "--num-experts", "256", "--device", "cuda"], "use --device cpu"),
     (["--backend", "nccl-magic"], "unknown backend"),
     (["--routing", "pareto:2"], "unknown routing"),
-    (["--routing", "trace:/no/such/file.pt"], "cannot read routing trace"),
+    (["--routing", "trace:/no/such/file.pt"], "routing trace /no/such/file.pt: expected a .pt file"),
     (["--dtype", "fp8", "--backend", "hybridep", "--hidden", "768"], "fp8"),
     (["--backend", "hybridep", "--hidden", "100"], "hidden"),
     (["--knob", "num_sms"], "KEY=VALUE"),

@@ -28,8 +28,7 @@ def test_python_m_moebench_lists_every_tool():
 
 
 def test_megatron_validate_offers_device_cpu_and_says_it_needs_a_gpu(capsys):
-    with pytest.raises(SystemExit):
-        megatron.main(["validate", "--help"])
+    assert megatron.main(["validate", "--help"]) == 0
     help_text = " ".join(capsys.readouterr().out.split())
     assert "--device {auto,cuda,cpu}" in help_text and "needs GPUs" in help_text and "not a validation" in help_text
     with pytest.raises(SystemExit):

@@ -82,7 +82,7 @@ def test_bad_trace_files_are_one_line(tmp_path, capsys):
     junk.write_bytes(bytes(range(256)) * 7)
     floats = tmp_path / "floats.pt"
     torch.save(torch.tensor([[0.0, 1.0], [2.0, 3.0]]), floats)
-    for path, want in ((junk, "cannot read routing trace"), (floats, "must be integers")):
+    for path, want in ((junk, "binary data that is neither a zip nor a pickle"), (floats, "must be integers")):
         msg = one_line_exit2(dispatch.main([*TINY, "--routing", f"trace:{path}", "--out",
                                             str(tmp_path / "r.jsonl")]), capsys, str(path))
         assert want in msg

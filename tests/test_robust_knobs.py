@@ -61,7 +61,7 @@ def test_each_backend_declares_the_knobs_its_module_reads():
 @pytest.mark.parametrize("argv,words", [
     (["--backend", "hybridep", "--knob", "mode=bogus"], ("mode=bogus", "one of permute, plain")),
     (["--backend", "deepep", "--num-sms", "3"], ("--num-sms", "even integer >= 2")),
-    (["--backend", "all", "--num-sms", "0"], ("--num-sms num_sms=0", ">= ")),
+    (["--backend", "all", "--num-sms", "0"], ("--num-sms", ">= 1")),
     (["--backend", "alltoall", "--num-sms", "8"], ("--num-sms num_sms", "no backend of this run reads")),
     (["--backend", "mcore-alltoall", "--knob", "moe_permute_fusion=2"], ("moe_permute_fusion=2", "one of 0, 1")),
 ])

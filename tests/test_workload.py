@@ -25,7 +25,7 @@ def small(**kw):
     (dict(routing="uniform,masked:1.5"), "masked"),
     (dict(routing="group:5:2"), "group"),
     (dict(routing="group:8:1", topk=8), "fewer than topk"),
-    (dict(routing="trace:/nonexistent.pt"), "cannot read"),
+    (dict(routing="trace:/nonexistent.pt"), "found no such file"),
 ])
 def test_bad_workloads_raise(kw, msg):
     with pytest.raises(WorkloadError, match=msg):

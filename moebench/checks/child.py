@@ -134,6 +134,10 @@ def run_argv(argv: list[str], timeout_s: float, env: dict | None = None, cwd=Non
         timed_out = True
         _kill_group(p.pid)
         out, err = p.communicate()
+    except BaseException:       # SIGINT / SIGTERM of the tool: the child's own session does not get it
+        _kill_group(p.pid)
+        p.communicate()
+        raise
     _kill_group(p.pid)          # rank processes left behind by a crashed parent
     res = ChildResult(p.returncode, timed_out, time.monotonic() - t0, out, err, argv=argv)
     for line in reversed(out.splitlines()):

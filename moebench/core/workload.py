@@ -189,24 +189,59 @@ def _balanced(T: int, E: int, K: int, rank: int, g: torch.Generator) -> torch.Te
     return idx[torch.randperm(T, generator=g)]
 
 
+TRACE_FORMATS = ("a .pt file (torch.save of an integer tensor, or of a dict with key 'topk_idx') or a .npz file "
+                 "(key 'topk_idx', else its first array), holding expert ids of shape [N, K] or [W, T, K]")
+
+
+def _trace_bad(path: str, found: str) -> WorkloadError:
+    return WorkloadError(f"routing trace {path}: expected {TRACE_FORMATS}; found {found}")
+
+
+def _sniff(p: Path, err: Exception) -> str:
+    """What a file that torch.load / np.load could not read looks like, in a few words."""
+    head = p.read_bytes()[:64]
+    if not head:
+        return "an empty file"
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):   # a pickle's protocol header
+        return "a pickle of objects other than tensors (torch.load(weights_only=True) reads tensors and dicts only)"
+    if head[:2] == b"PK":
+        return f"a zip archive that {'np.load' if p.suffix == '.npz' else 'torch.load'} cannot read"
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "text that looks like JSON"
+    if all(32 <= c < 127 or c in (9, 10, 13) for c in head):
+        return f"a text file ({head[:24].decode(errors='replace').strip()!r}...)"
+    return f"binary data that is neither a zip nor a pickle (first bytes {head[:8].hex()})"
+
+
 def load_trace(path: str, topk: int, num_experts: int) -> torch.Tensor:
-    """Read topk_idx from a .pt (tensor, or dict with 'topk_idx') or .npz (key 'topk_idx')."""
+    """Read topk_idx from a trace file (TRACE_FORMATS); one line that says what was expected and what
+    was found when it cannot."""
     p = Path(path)
+    if not p.is_file():
+        raise _trace_bad(path, "a directory" if p.is_dir() else "no such file")
     try:
         if p.suffix == ".npz":
             import numpy as np
             with np.load(p) as z:
+                if not z.files:
+                    raise _trace_bad(path, "an .npz with no arrays")
                 t = torch.from_numpy(z["topk_idx"] if "topk_idx" in z else z[z.files[0]])
         else:
             t = torch.load(p, map_location="cpu", weights_only=True)
-            t = t["topk_idx"] if isinstance(t, dict) else t
+            if isinstance(t, dict):
+                if "topk_idx" not in t:
+                    raise _trace_bad(path, f"a dict with keys {sorted(map(str, t))[:8]} and no 'topk_idx'")
+                t = t["topk_idx"]
+    except WorkloadError:
+        raise
     except Exception as e:  # noqa: BLE001 - any read failure is one clear line
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise WorkloadError(f"cannot read routing trace {path}: {type(e).__name__}: {first}") from None
-    if not isinstance(t, torch.Tensor) or t.dim() not in (2, 3) or t.shape[-1] != topk:
-        raise WorkloadError(f"trace {path}: need topk_idx of shape [N, {topk}] or [W, T, {topk}]")
+        raise _trace_bad(path, _sniff(p, e)) from None
+    if not isinstance(t, torch.Tensor):
+        raise _trace_bad(path, f"a {type(t).__name__}, not a tensor")
+    if t.dim() not in (2, 3) or t.shape[-1] != topk:
+        raise _trace_bad(path, f"a tensor of shape {list(t.shape)} (K = --topk {topk})")
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise WorkloadError(f"trace {path}: expert ids must be integers, got {t.dtype}")
+        raise _trace_bad(path, f"a {t.dtype} tensor (expert ids must be integers)")
     t = t.reshape(-1, topk).to(torch.int64)
     if t.numel() == 0 or t.max() >= num_experts or t.min() < -1:
         raise WorkloadError(f"trace {path}: expert ids must lie in [-1, {num_experts})")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import faulthandler
+import multiprocessing
 import os
 import queue
 import shutil
@@ -27,11 +28,26 @@ import time
 import traceback
 from dataclasses import dataclass
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
-from ..core.workload import WorkloadError
+
+def quiet_stop_signals() -> None:
+    """SIGINT and SIGTERM end this process at once, without a word (the default action, no Python
+    handler). A rank starts with both blocked (run_ranks blocks them while it spawns), so one that
+    came during its start-up is delivered here, not as a KeyboardInterrupt traceback from an import."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+if multiprocessing.parent_process() is not None:    # a spawned rank importing this module
+    quiet_stop_signals()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from ..core.workload import WorkloadError  # noqa: E402
 
 
 class LaunchError(RuntimeError):
@@ -151,13 +167,14 @@ OOM_HINT = (", likely out of memory (the kernel's OOM killer sends SIGKILL; lowe
 def die_with_parent(parent_pid: int) -> None:
     """A rank never outlives the run that started it (SIGKILL or SIGTERM to the parent): the kernel's
     parent-death signal (Linux prctl), and a watchdog thread on the parent pid where that is missing.
-    SIGINT is left to the parent, which ends the ranks itself (one line, no rank tracebacks)."""
+    SIGINT and SIGTERM end a rank at once (the default action: no handler, no traceback); the terminal's
+    Ctrl-C reaches every rank, and the parent forwards SIGTERM (run_ranks' cleanup)."""
     try:
         import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError):
         pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    quiet_stop_signals()
     if os.getppid() != parent_pid:          # the parent died before prctl took hold
         os._exit(1)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="moebench-parent-watch").start()
@@ -200,16 +217,32 @@ def run_ranks(fn, world: int, device_type: str = "cpu", timeout_s: float = 300.0
     procs = [ctx.Process(target=_child, args=(r, world, device_type, timeout_s, port, fn, args, results, ranks_per_gpu,
                                                   os.getpid(), crash_dir),
                          daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)   # inherited by the ranks (see quiet_stop_signals)
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     try:
         return _collect(procs, results, world, timeout_s)
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=5)
+        _end(procs)
         _replay_crash_dumps(crash_dir)
+
+
+def _end(procs, grace_s: float = 2.0) -> None:
+    """Every rank still alive gets SIGTERM at once (a rank ended first would let the others print their
+    lost connections), then SIGKILL after a grace period; all are reaped."""
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in alive:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join(timeout=5)
 
 
 def _replay_crash_dumps(crash_dir: str) -> None:

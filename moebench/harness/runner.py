@@ -189,9 +189,10 @@ def run_backend(spec: RunSpec, name: str, measure: bool, rank_bytes: list[float]
     return outs[0] if outs else {}
 
 
-def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print) -> list[dict]:
+def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print, sink=None) -> list[dict]:
     """Every backend of the spec on its workload; returns the JSONL records (rank 0's view).
-    argv: the command line to record (default: the spec's own, `spec.to_argv()`)."""
+    argv: the command line to record (default: the spec's own, `spec.to_argv()`).
+    sink(name, records): called as each backend finishes, with its records (the tools write them then)."""
     w = spec.workload
     argv = spec.to_argv() if argv is None else argv
     t = traffic.traffic_of([make_routing(w, r)[0] for r in range(w.ep)], w)
@@ -210,7 +211,10 @@ def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print) -> li
             measured = measured or res.get("a2a")
         if not res:
             continue
-        recs += build_records(spec, name, res, t, measured, argv, start)
+        mine = build_records(spec, name, res, t, measured, argv, start)
+        if sink is not None:
+            sink(name, mine)
+        recs += mine
     return recs
 
 

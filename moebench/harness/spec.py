@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..backends import base
+from ..cli import Parser, count, number, seed
 from ..backends.base import ENV_KNOB
 from ..core.workload import DTYPES, Workload, WorkloadError
 from . import overlap, preflight
@@ -32,36 +33,36 @@ def add_shape_args(p: argparse.ArgumentParser, cpu_shape: bool = False, tokens_h
     every tool. cpu_shape: --num-tokens and --hidden default to None, resolved by the device (dispatch)."""
     cpu = CPU_DEFAULT_SHAPE
     if cpu_shape:
-        p.add_argument("--num-tokens", type=int, help=f"{tokens_help} (default {W0.num_tokens}; CPU {cpu['num_tokens']})")
-        p.add_argument("--hidden", type=int, help=f"hidden size (default {W0.hidden}; CPU {cpu['hidden']})")
+        p.add_argument("--num-tokens", type=count(), help=f"{tokens_help} (default {W0.num_tokens}; CPU {cpu['num_tokens']})")
+        p.add_argument("--hidden", type=count(), help=f"hidden size (default {W0.hidden}; CPU {cpu['hidden']})")
     else:
-        p.add_argument("--num-tokens", type=int, default=W0.num_tokens, help=f"{tokens_help} (default {W0.num_tokens})")
-        p.add_argument("--hidden", type=int, default=W0.hidden, help=f"hidden size (default {W0.hidden})")
-    p.add_argument("--num-experts", type=int, default=W0.num_experts, help=f"experts (default {W0.num_experts})")
-    p.add_argument("--topk", type=int, default=W0.topk, help=f"experts per token (default {W0.topk})")
+        p.add_argument("--num-tokens", type=count(), default=W0.num_tokens, help=f"{tokens_help} (default {W0.num_tokens})")
+        p.add_argument("--hidden", type=count(), default=W0.hidden, help=f"hidden size (default {W0.hidden})")
+    p.add_argument("--num-experts", type=count(), default=W0.num_experts, help=f"experts (default {W0.num_experts})")
+    p.add_argument("--topk", type=count(), default=W0.topk, help=f"experts per token (default {W0.topk})")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     """The flags of one dispatch run (moebench.dispatch adds the sweep flags to these)."""
     add_shape_args(p, cpu_shape=True)
-    p.add_argument("--ep", type=int, default=W0.ep, help="expert-parallel ranks")
-    p.add_argument("--gpus-per-node", type=int, default=W0.gpus_per_node, help="ranks per NVLink node (byte-rule split)")
+    p.add_argument("--ep", type=count(), default=W0.ep, help="expert-parallel ranks")
+    p.add_argument("--gpus-per-node", type=count(), default=W0.gpus_per_node, help="ranks per NVLink node (byte-rule split)")
     p.add_argument("--dtype", choices=DTYPES, default=W0.dtype, help="dispatch payload (combine is bf16)")
     p.add_argument("--routing", default=W0.routing,
                    help="uniform | balanced | zipf:S | group:G:M | trace:FILE, optionally ,masked:P")
-    p.add_argument("--seed", type=int, default=W0.seed)
+    p.add_argument("--seed", type=seed, default=W0.seed)
     p.add_argument("--backend", default="all", help=f"all or a list of: {', '.join(base.names())}")
-    p.add_argument("--iters", type=int,
+    p.add_argument("--iters", type=count(),
                    help=f"timed iterations (default {DEFAULT_ITERS['cuda']}; CPU {DEFAULT_ITERS['cpu']})")
-    p.add_argument("--warmup-ms", type=float, help=f"warm-up budget per phase (default {DEFAULT_WARMUP_MS['cuda']:g}; "
+    p.add_argument("--warmup-ms", type=number(0), help=f"warm-up budget per phase (default {DEFAULT_WARMUP_MS['cuda']:g}; "
                                                    f"CPU {DEFAULT_WARMUP_MS['cpu']:g})")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    p.add_argument("--ranks-per-gpu", type=int, default=1, metavar="N",
+    p.add_argument("--ranks-per-gpu", type=count(), default=1, metavar="N",
                    help="shared-GPU ranks: N EP ranks per GPU (gloo group, CUDA IPC on one device), to run real "
                         "backends on fewer GPUs than EP ranks; functional only, never performance figures")
     p.add_argument("--out", default="moebench-dispatch.jsonl", help="JSONL file to append to (default: ./moebench-dispatch.jsonl)")
-    p.add_argument("--ceiling-gbps", type=float, help="override the nominal per-GPU link ceiling")
-    p.add_argument("--num-sms", type=int, help="SMs for deepep/hybridep kernels")
+    p.add_argument("--ceiling-gbps", type=number(0, strict=True), help="override the nominal per-GPU link ceiling")
+    p.add_argument("--num-sms", type=count(), help="SMs for deepep/hybridep kernels")
     p.add_argument("--ops-impl", default="auto", choices=OPS_IMPLS,
                    help="permute/unpermute implementation of the alltoall path")
     p.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
@@ -71,7 +72,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="store_true",
                    help="CPU: also record each phase's top torch ops per call (on CUDA each phase's kernels are always "
                         "recorded: the kernel view and the host split)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per backend launch")
+    p.add_argument("--timeout", type=number(0, strict=True), default=600.0, help="seconds per backend launch")
     p.add_argument("--overlap", metavar="gemm[:MxNxK]",
                    help="also time each phase under a concurrent bf16 GEMM (default shape: received rows x hidden "
                         "x hidden) and record exposed time and GEMM slowdown (moebench/harness/overlap.py)")
@@ -124,7 +125,6 @@ class RunSpec:
     def from_args(cls, args, workload: Workload | None = None) -> RunSpec:
         """From parsed dispatch flags; `workload` replaces the flags' shape (sweeps). Bad input
         raises WorkloadError."""
-        check_options(args)
         overlap.parse(args.overlap)
         rpg = args.ranks_per_gpu
         device, note = pick_device(args.device, args.ep, rpg)
@@ -147,7 +147,7 @@ class RunSpec:
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> RunSpec:
-        p = argparse.ArgumentParser(prog="moebench.harness.spec")
+        p = Parser(prog="moebench.harness.spec")
         add_args(p)
         return cls.from_args(p.parse_args(argv))
 
@@ -187,22 +187,6 @@ class RunSpec:
         if self.overlap:
             argv += ["--overlap", self.overlap]
         return [str(a) for a in argv]
-
-
-OPTION_RULES = (("iters", 1, "must be >= 1"), ("timeout", 0, "must be > 0"), ("warmup_ms", 0, "must be >= 0"),
-                ("ceiling_gbps", 0, "must be > 0"), ("max_cases", 1, "must be >= 1"))
-
-
-def check_options(args, rules=OPTION_RULES) -> None:
-    """Bad option values raise WorkloadError naming the flag (never silently replaced); rules are
-    (attribute, bound, "must be >= N" | "must be > N") and an absent (None) value passes."""
-    for name, low, rule in rules:
-        v = getattr(args, name, None)
-        if v is None:
-            continue
-        bad = v != v or (v <= low if rule.endswith("> 0") else v < low)
-        if bad:
-            raise WorkloadError(f"--{name.replace('_', '-')} {rule}, got {v}")
 
 
 def _workload(args, cpu: bool) -> Workload:

@@ -19,6 +19,7 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import sys
 import time
 import tomllib
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..backends.base import REGISTRY, knob_problem
+from ..cli import Interrupted, count
 from ..core.workload import Workload, WorkloadError
 from ..env.toolkit import SWEEPS_DIR
 from ..records import schema, writer
@@ -68,7 +70,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    "or a sweep file; appends to --out and resumes from it")
     g.add_argument("--knob-sweep", action="store_true",
                    help="with --sweep: sweep the [knobs.BACKEND] axes of the backends that have them")
-    g.add_argument("--max-cases", type=int, help="with --sweep: stop after running this many cases")
+    g.add_argument("--max-cases", type=count(), help="with --sweep: stop after running this many cases")
     g.add_argument("--redo-failed", action="store_true", help="with --sweep: rerun cases recorded as FAIL")
 
 
@@ -341,9 +343,9 @@ def main_sweep(args) -> int:
     runner = SweepState(base, s, read_existing(out), works, args.max_cases, args.redo_failed)
     try:
         walk(runner, s, wls, names, args.knob_sweep)
-    except KeyboardInterrupt:
-        print(f"# interrupted after {runner.ran} cases; rerun the same command to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        raise Interrupted(getattr(e, "signum", signal.SIGINT),
+                          f"{runner.ran} cases finished and kept in {out}; rerun the same command to resume") from None
     print(f"# sweep {s.name}: ran {runner.ran}, skipped {runner.skipped} already in {out}")
     if runner.stop() and runner.n < total:
         print(f"# stopped after {runner.ran} cases (--max-cases); rerun the same command to resume")

@@ -30,6 +30,9 @@ from ..records import schema
 from ..records.schema import PHASES
 
 
+CHECKED_VERSIONS = ((0, 16), (0, 19))     # megatron-core minor versions the flags were checked against
+
+
 class FlagsError(ValueError):
     """Bad input for flags: one line on stderr, exit 2."""
 
@@ -92,8 +95,9 @@ def megatron_flags(backend: str, version: str, num_sms: int | None = None, overl
         f.notes.append("flex does not support --moe-shared-expert-overlap (Bridge turns it off)")
     if overlap:
         _add_overlap(f, ep)
-    if parse_version(version) < (0, 16):
-        f.notes.append("flags were checked against megatron-core 0.16.1 and 0.19.2 only")
+    if not CHECKED_VERSIONS[0] <= parse_version(version) <= CHECKED_VERSIONS[1]:
+        f.notes.append(f"megatron-core {version} is outside the checked range: these flags were checked against "
+                       "megatron-core 0.16.1 and 0.19.2 only")
     return f
 
 

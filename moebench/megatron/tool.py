@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from .. import cli
@@ -24,41 +25,45 @@ from ..records.schema import FUNCTIONAL_NOTE, performance_only, read_dispatch
 from . import flags as F
 
 VALIDATE_SCHEMA = "moebench.megatron.validate/1"
+CPU_PACE = ("on CPU the default model takes about 10 s a step with 2 ranks on 2 cores (50 steps: ~8 min, each of the "
+            "two runs); --steps 10 --hidden 256 --heads 4 --ffn-hidden 512 --seq-length 256 --vocab 4096 takes ~3 s")
 FLAGS_SCHEMA = "moebench.megatron.flags/1"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m moebench.megatron", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.Parser(prog="python -m moebench.megatron", description=__doc__,
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("flags", help="Megatron settings from results or a backend name")
     src = f.add_mutually_exclusive_group(required=True)
     src.add_argument("--results", help="moebench.dispatch JSONL file")
     src.add_argument("--backend", help=" | ".join(BACKENDS) + " (mcore-* accepted)")
-    f.add_argument("--num-sms", type=int, help="SMs for deepep/hybridep (default: from the winning record)")
+    f.add_argument("--num-sms", type=cli.count(), help="SMs for deepep/hybridep (default: from the winning record)")
     f.add_argument("--megatron-core-version", help="target megatron-core (default: the installed one)")
     f.add_argument("--overlap", action="store_true", help="also emit EP comm/compute overlap settings")
-    f.add_argument("--ep", type=int, help="EP of the training run (--backend mode; gates --overlap)")
-    f.add_argument("--ranks-per-nvlink-domain", type=int,
+    f.add_argument("--ep", type=cli.count(), help="EP of the training run (--backend mode; gates --overlap)")
+    f.add_argument("--ranks-per-nvlink-domain", type=cli.count(),
                    help="GPUs per NVLink domain for HybridEP's env (--backend mode)")
-    f.add_argument("--min-gain", type=float, default=0.0,
+    f.add_argument("--min-gain", type=cli.number(0), default=0.0,
                    help="also require the gain to exceed this fraction of alltoall's time (default 0)")
     f.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     v = sub.add_parser("validate", help="short megatron-core training check of a dispatcher")
     v.add_argument("--dispatcher", choices=tuple(BACKENDS), required=True)
-    v.add_argument("--ep", type=int, help="EP = world size (default: visible GPUs)")
+    v.add_argument("--ep", type=cli.count(), help="EP = world size (default: visible GPUs)")
     from .train import TrainSpec
     t0 = TrainSpec()          # the training run's defaults, defined once there
-    for name, what in (("steps", "training steps"), ("num_layers", ""), ("hidden", ""), ("heads", ""), ("ffn_hidden", "expert FFN hidden size"),
+    for name, what in (("steps", "training steps, >= 2 (first and last loss windows)"), ("num_layers", ""), ("hidden", ""), ("heads", ""), ("ffn_hidden", "expert FFN hidden size"),
                        ("num_experts", ""), ("topk", ""), ("seq_length", ""), ("micro_batch", ""), ("vocab", ""),
                        ("lr", ""), ("seed", ""), ("aux_loss_coeff", "0 = no load-balancing loss")):
         default = getattr(t0, name)
-        v.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
+        kind = {"steps": cli.count(2), "seed": cli.seed, "lr": cli.number(0, strict=True),
+                "aux_loss_coeff": cli.number(0)}.get(name, cli.count())
+        v.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
                        help=f"{what + ' ' if what else ''}(default {default:g})")
-    v.add_argument("--num-sms", type=int, help="SMs for deepep/hybridep")
+    v.add_argument("--num-sms", type=cli.count(), help="SMs for deepep/hybridep")
     v.add_argument("--no-control", action="store_true", help="skip the alltoall control run")
     v.add_argument("--out", default="moebench-megatron.jsonl", help="JSONL file to append to")
-    v.add_argument("--timeout", type=float, default=900.0, help="seconds per launch")
+    v.add_argument("--timeout", type=cli.number(0, strict=True), default=900.0, help="seconds per launch")
     v.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="validate needs GPUs (auto, cuda); cpu runs the same training loop on CPU/gloo with "
                         "megatron-core's few CUDA calls emulated, --dispatcher alltoall only: a functional check "
@@ -73,14 +78,12 @@ def cmd_flags(args) -> int:
     F.parse_version(version)
     if args.results:
         try:
-            recs = read_dispatch([args.results])
-        except OSError as e:
-            raise F.FlagsError(f"cannot read {args.results}: {e}") from None
-        if recs and not (recs := performance_only(recs, "megatron flags")):
+            recs = read_dispatch([args.results], require=True)
+        except (OSError, ValueError) as e:
+            raise F.FlagsError(f"--results {e}") from None
+        if not (recs := performance_only(recs, "megatron flags")):
             raise F.FlagsError(f"every record in {args.results} is {FUNCTIONAL_NOTE}: measure on the target GPUs")
         decisions = F.decisions_from_results(recs, version, args.overlap, args.num_sms, args.min_gain)
-        if not decisions:
-            raise F.FlagsError(f"{args.results} holds no moebench.dispatch records")
     else:
         fs = F.megatron_flags(args.backend, version, args.num_sms, args.overlap, args.ep, args.ranks_per_nvlink_domain)
         decisions = [{"workload": None, "device": None, "family": None, "control": None, "candidates": [],
@@ -100,12 +103,6 @@ def _validate_spec(args):
                      ffn_hidden=args.ffn_hidden, num_experts=args.num_experts, topk=args.topk,
                      seq_length=args.seq_length, micro_batch=args.micro_batch, vocab=args.vocab, lr=args.lr,
                      seed=args.seed, aux_loss_coeff=args.aux_loss_coeff, num_sms=args.num_sms)
-    for name in ("steps", "num_layers", "hidden", "heads", "ffn_hidden", "num_experts", "topk", "seq_length",
-                 "micro_batch", "vocab"):
-        if getattr(spec, name) < 1:
-            raise F.FlagsError(f"--{name.replace('_', '-')} must be >= 1")
-    if spec.steps < 2:
-        raise F.FlagsError("--steps must be >= 2 (first and last loss windows)")
     if spec.hidden % spec.heads:
         raise F.FlagsError(f"--hidden {spec.hidden} is not divisible by --heads {spec.heads}")
     if spec.topk > spec.num_experts:
@@ -183,24 +180,29 @@ def cmd_validate(args, argv) -> int:
     device, world = _validate_env(args)
     if device == "cpu":
         print("# CPU functional run (CUDA calls emulated): not a measurement and not a validation")
+        print(f"# {CPU_PACE}")
     runs = [] if args.no_control or args.dispatcher == CONTROL else [("control", CONTROL)]
     runs.append(("candidate", args.dispatcher))
     out = []
     for role, disp in runs:
         print(f"# {role}: megatron-core GPT-MoE, dispatcher {disp}, EP {world}, {spec.steps} steps ...", flush=True)
-        r = run_training(spec, disp, device, world, args.timeout)
+        try:
+            r = run_training(spec, disp, device, world, args.timeout)
+        except KeyboardInterrupt as e:
+            kept = f"{len(out)} record(s) ({', '.join(x['role'] for x in out)}) kept in {args.out}" if out else "nothing kept"
+            raise cli.Interrupted(getattr(e, "signum", signal.SIGINT), f"{kept}; not run: {role} and after") from None
         if not r:
             return 0
         r["role"] = role
         out.append(r)
-    _compare_to_control(out)
+        _compare_to_control(out)
+        writer.write_jsonl(args.out, [{"schema": VALIDATE_SCHEMA, "argv": argv, "device": device,
+                                       "repro": provenance.repro_command(argv, "moebench.megatron"),
+                                       "functional": device == "cpu", **r, "env": provenance.provenance(),
+                                       "end_utc": provenance.utc_now()}])      # on disk as each run ends
     from tabulate import tabulate
     print(tabulate([_row(r["role"], r) for r in out], headers=TABLE, tablefmt="simple", disable_numparse=True))
-    prov, now = provenance.provenance(), provenance.utc_now()
-    recs = [{"schema": VALIDATE_SCHEMA, "argv": argv, "repro": provenance.repro_command(argv, "moebench.megatron"),
-             "device": device, "functional": device == "cpu", **r, "env": prov, "end_utc": now} for r in out]
-    writer.write_jsonl(args.out, recs)
-    print(f"# {len(recs)} records appended to {args.out}")
+    print(f"# {len(out)} records appended to {args.out} as each run finished")
     failed = [r for r in out if r["status"] != "PASS"]
     what = "validation" if device == "cuda" else "CPU functional run (not a validation: run on GPUs for that)"
     print(f"# {what} {'FAILED' if failed else 'PASSED'} for {args.dispatcher}",
@@ -223,6 +225,7 @@ def _compare_to_control(out: list[dict]) -> None:
             r["status"] = "FAIL"
 
 
+@cli.tool
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)

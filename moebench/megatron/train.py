@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -239,6 +240,14 @@ def _optimizer_step(opt, params, masters, group, world) -> bool:
     return ok
 
 
+def _progress(done: int, steps: int, loss: float, step_s: list[float]) -> None:
+    """One line on stderr after the first step and every tenth of the run: loss, time per step, time left."""
+    if done == 1 or done == steps or done % max(1, steps // 10) == 0:
+        per = statistics.median(step_s[-5:])
+        print(f"#   step {done}/{steps}: loss {loss:.3f}, {per:.2f} s/step, ~{per * (steps - done):.0f} s left",
+              file=sys.stderr, flush=True)
+
+
 def rank_train(ctx, spec: TrainSpec, dispatcher: str, emulate: bool) -> dict:
     """Runs on every rank (one launch per dispatcher). Returns losses, step times, memory, evidence."""
     if emulate:
@@ -267,7 +276,7 @@ def rank_train(ctx, spec: TrainSpec, dispatcher: str, emulate: bool) -> dict:
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         losses, step_s, skipped = [], [], 0
-        for _ in range(spec.steps):
+        for i in range(spec.steps):
             rows = torch.randint(0, spec.pool, (B,), generator=pick).to(dev)
             seq = pool[rows]
             _sync(dev)
@@ -284,6 +293,8 @@ def rank_train(ctx, spec: TrainSpec, dispatcher: str, emulate: bool) -> dict:
                 dist.all_reduce(avg, group=group)
                 avg /= world
             losses.append(float(avg.item()))
+            if ctx.rank == 0:
+                _progress(i + 1, spec.steps, losses[-1], step_s)
         peak = int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
         return {"rank": ctx.rank, "losses": losses, "step_s": step_s, "skipped_steps": skipped,
                 "peak_mem_bytes": peak, "evidence": evidence_of(gpt, dispatchers),

@@ -78,14 +78,14 @@ class PermuteRecord:
 
 # ---- reading -------------------------------------------------------------------------------------
 
-def read(path: str | os.PathLike) -> list[dict]:
-    """Every JSON object of a JSONL file, in order. A line that is not a JSON object (cut short by a
-    killed run, garbled) is skipped with a note on stderr; it never raises for a bad line.
-    A missing file raises FileNotFoundError('PATH: no such file')."""
+def _lines(path: str | os.PathLike) -> tuple[list[dict], list[int]]:
+    """(the JSON objects of a JSONL file, the numbers of the non-empty lines that are not one)."""
     p = Path(path)
+    if p.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory, not a JSONL file")
     if not p.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    out = []
+    out, bad = [], []
     with p.open(errors="replace") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -94,10 +94,17 @@ def read(path: str | os.PathLike) -> list[dict]:
                 obj = json.loads(line)
             except json.JSONDecodeError:
                 obj = None
-            if isinstance(obj, dict):
-                out.append(obj)
-            else:
-                print(f"# {path}:{n}: skipped a line that is not a JSON record", file=sys.stderr)
+            (out.append(obj) if isinstance(obj, dict) else bad.append(n))
+    return out, bad
+
+
+def read(path: str | os.PathLike) -> list[dict]:
+    """Every JSON object of a JSONL file, in order. A line that is not a JSON object (cut short by a
+    killed run, garbled) is skipped with a note on stderr; it never raises for a bad line.
+    A missing file raises FileNotFoundError('PATH: no such file'), a directory IsADirectoryError."""
+    out, bad = _lines(path)
+    for n in bad:
+        print(f"# {path}:{n}: skipped a line that is not a JSON record", file=sys.stderr)
     return out
 
 
@@ -106,11 +113,20 @@ def is_dispatch(r: dict) -> bool:
     return isinstance(r, dict) and "workload" in r and "backend" in r and r.get("schema") != PERMUTE_SCHEMA
 
 
-def read_dispatch(paths) -> list[dict]:
-    """The moebench.dispatch records of several JSONL files, each tagged `_file` with its path."""
+def read_dispatch(paths, require: bool = False) -> list[dict]:
+    """The moebench.dispatch records of several JSONL files, each tagged `_file` with its path.
+    require: a file without any raises ValueError saying what it holds instead (offline inputs)."""
     out = []
     for path in paths:
-        out += [{**r, "_file": str(path)} for r in read(path) if is_dispatch(r)]
+        objs, bad = _lines(path)
+        mine = [{**r, "_file": str(path)} for r in objs if is_dispatch(r)]
+        if require and not mine:
+            what = ("it is empty" if not objs and not bad else f"{len(bad)} line(s) are not JSON" if not objs else
+                    f"its {len(objs)} JSON record(s) are not moebench.dispatch records")
+            raise ValueError(f"{path}: no moebench.dispatch records ({what})")
+        for n in bad:
+            print(f"# {path}:{n}: skipped a line that is not a JSON record", file=sys.stderr)
+        out += mine
     return out
 
 
@@ -160,9 +176,10 @@ FUNCTIONAL_NOTE = ("functional only (CPU/gloo or shared-GPU ranks): they show th
 
 
 def performance_only(recs: list[dict], tool: str) -> list[dict]:
-    """The records that may serve as performance evidence; says on stderr how many were left out."""
+    """The records that may serve as performance evidence; says on stderr how many were left out (when
+    any are kept)."""
     keep = [r for r in recs if not is_functional(r)]
-    if len(keep) < len(recs):
+    if keep and len(keep) < len(recs):         # none left: the caller says so in its error
         print(f"# {tool}: left out {len(recs) - len(keep)} record(s) that are {FUNCTIONAL_NOTE}", file=sys.stderr)
     return keep
 

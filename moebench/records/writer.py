@@ -1,4 +1,5 @@
-"""Writing records: JSONL appended one whole line at a time."""
+"""Writing records: JSONL appended one whole line at a time, flushed and fsynced as each backend or
+case finishes, so an interrupted or crashed run keeps everything it finished."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,8 @@ from pathlib import Path
 
 
 def write_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
-    """Append records, one JSON object a line (every tool's --out appends)."""
+    """Append records, one JSON object a line (every tool's --out appends), and fsync: they are on disk
+    when this returns."""
     p = Path(path)
     if p.parent != Path(""):
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -16,6 +18,7 @@ def write_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
         for r in records:
             f.write(json.dumps(r, default=str) + "\n")   # one write per whole line, flushed
             f.flush()
+        os.fsync(f.fileno())
 
 
 def ensure_newline(path: str | os.PathLike) -> None:
