@@ -8,7 +8,7 @@ OUT=${OUT:-out}; mkdir -p "$OUT"; exec > >(tee "$OUT/overlap-ep8.txt") 2>&1
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 source bench/device_env.sh
 [ "$(nvidia-smi -L | wc -l)" -ge 8 ] || { echo "needs 8 GPUs"; exit 1; }
-FIX=syslink bash bench/deepep_build.sh .ext/DeepEP > /tmp/build.log 2>&1 || { tail -20 /tmp/build.log; exit 1; }
+FIX=nvshmem+syslink bash bench/deepep_build.sh .ext/DeepEP > /tmp/build.log 2>&1 || { tail -20 /tmp/build.log; exit 1; }
 export PYTHONPATH="$PYTHONPATH:/tmp/deepep/syslink"
 for g in gemm gemm:4096x4096x7168; do
   J=$OUT/overlap-ep8-${g//:/-}.jsonl        # one file per GEMM shape: the plot and the decision are per shape

@@ -18,7 +18,7 @@ nvidia-smi -L | head -8
 [ "$(nvidia-smi -L | wc -l)" -ge $EP ] || { echo "needs $EP GPUs"; exit 1; }
 
 step "build DeepEP hybrid-ep from .ext/DeepEP (FIX=syslink)"
-FIX=syslink bash bench/deepep_build.sh .ext/DeepEP > /tmp/build.log 2>&1 || { tail -20 /tmp/build.log; exit 1; }
+FIX=nvshmem+syslink bash bench/deepep_build.sh .ext/DeepEP > /tmp/build.log 2>&1 || { tail -20 /tmp/build.log; exit 1; }
 DEEPEP=/tmp/deepep/syslink
 export PYTHONPATH="$PYTHONPATH:$DEEPEP"; cat "$DEEPEP/deepep_build.json"; echo
 

@@ -41,7 +41,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ll-num-tokens", type=cli.count(), default=128, help="round-trip tokens per rank for deepep-ll")
     p.add_argument("--iters", type=cli.count(), default=10, help="timed iterations of the round trips")
     p.add_argument("--timeout", type=cli.number(0, strict=True), default=300.0, help="seconds per contained probe")
-    p.add_argument("--sysfs-root", default="/sys", help=argparse.SUPPRESS)
+    p.add_argument("--sysfs-root", default="/sys", help=argparse.SUPPRESS)     # fake trees in tests
+    p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
     return p
 
 
@@ -61,7 +62,7 @@ def _validate(args) -> None:
 
 
 def _line(r) -> str:
-    return f"{r.status:<7} {r.key:<20} {r.seconds:7.1f}s  {r.summary}"
+    return f"{r.status:<7} {r.key:<22} {r.seconds:7.1f}s  {r.summary}"
 
 
 @cli.tool

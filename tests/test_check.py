@@ -155,7 +155,7 @@ def test_nic_from_fake_sysfs(tmp_path):
     assert [(n["device"], n["kind"], n["active"], n["rate_Gbps"]) for n in nics] == [
         ("efa_0", "EFA", True, 100.0), ("mlx5_0", "InfiniBand", True, 400.0), ("mlx5_1", "InfiniBand", False, 400.0)]
     s = system.nic_summary(nics, [0, 1])
-    assert s["node_net_GBps"] == 62.5 and s["per_gpu_net_ceiling_GBps"] == 31.25
+    assert s["node_net_GBps"] == 62.5 and s["per_gpu_net_ceiling_GBps"] == 12.5   # GPU 1 has efa_0 alone: its share
     assert s["gpu_nic_affinity"] == {0: ["mlx5_0/1"], 1: ["efa_0/1"]}
     r = _run("nic", sysfs_root=str(tmp_path))
     assert r.status == PASS and "mlx5_1/1" in r.summary

@@ -160,3 +160,21 @@ def test_validate_alltoall_50_steps_gpu(tmp_path):
     assert rc == 0 and r["status"] == "PASS", r.get("errors")
     assert r["loss"]["falling"] and r["nan_steps"] == 0 and r["tflops_per_gpu"] > 0
     assert r["peak_mem_bytes"][0] > 0
+
+
+def test_validate_ranks_per_gpu_needs_gpus(capsys):
+    """Shared-GPU training (--ranks-per-gpu N) is refused with one line where no GPU can be shared."""
+    assert megatron.main(["validate", "--dispatcher", "hybridep", "--device", "cpu", "--ranks-per-gpu", "2"]) == 2
+    assert "--device cpu was asked for" in capsys.readouterr().err
+    assert megatron.main(["validate", "--dispatcher", "alltoall", "--ranks-per-gpu", "0"]) == 2
+    assert "--ranks-per-gpu must be >= 1" in capsys.readouterr().err
+
+
+def test_flex_setup_fails_a_deepep_build_megatron_cannot_size(monkeypatch):
+    """Megatron's flex/deepep path on a DeepEP without NVSHMEM: the training rank fails at once with the reason."""
+    from moebench.env import deepep
+    from moebench.megatron import train
+    monkeypatch.setattr(deepep, "rdma_size_problem", lambda *a: "this DeepEP was built without NVSHMEM ...")
+    with pytest.raises(RuntimeError, match="without NVSHMEM"):
+        train.flex_setup("deepep", 2, 1024, shared_gpu=True)
+    assert train.flex_setup("alltoall", 2, 1024, shared_gpu=True) == []

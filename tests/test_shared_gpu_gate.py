@@ -112,8 +112,8 @@ def test_check_baseline_refuses_a_functional_baseline(tmp_path):
 
 
 def test_deepep_without_nvshmem_is_named_as_unusable_for_megatron(monkeypatch):
-    from moebench.env.deepep import rdma_size_problem
     from moebench.checks.ep import judge_megatron
+    from moebench.env.deepep import rdma_size_problem
     monkeypatch.syspath_prepend(str(FAKES))
     monkeypatch.delitem(sys.modules, "deep_ep", raising=False)
     assert rdma_size_problem() is None

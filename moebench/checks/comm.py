@@ -1,4 +1,5 @@
-"""Link and communication-library checks: `p2p` (moebench/csrc/probes/p2p_bw.cu), `nccl`, `nvshmem`.
+"""Link and communication-library checks: `p2p` (moebench/csrc/probes/p2p_bw.cu) and `nccl` (nvshmem.py
+has the NVSHMEM check).
 
 The p2p probe is a standalone CUDA program. The check uses, in order: $MOEBENCH_P2P_PROBE, a binary
 built by CMake (build/**/p2p_bw), or compiles moebench/csrc/probes/p2p_bw.cu with nvcc into
@@ -166,73 +167,3 @@ def check_nccl(ctx: Context):
         return failed(f"wrong results: {', '.join(bad)}", rows=rows, ranks=ranks)
     return passed(f"{n} GPUs, {r0['bytes'] >> 20} MiB: all_reduce busbw {rows[0]['GBps']:.0f} GB/s, "
                   f"all_to_all busbw {rows[1]['GBps']:.0f} GB/s", rows=rows, ranks=ranks)
-
-
-def nvshmem_import_probe() -> dict:
-    import nvshmem
-    import nvshmem.core  # noqa: F401
-    return {"version": getattr(nvshmem, "__version__", None), "file": getattr(nvshmem, "__file__", None)}
-
-
-def _nvshmem_rank(ctx, n: int) -> dict:
-    """nvshmem4py: UID init over torch.distributed, symmetric tensor, put to the next PE."""
-    import numpy as np
-    import nvshmem.core as nvshmem
-    import torch
-    import torch.distributed as dist
-    from cuda.core.experimental import Device
-    dev = Device(ctx.device.index)
-    dev.set_current()
-    uid = nvshmem.get_unique_id(empty=ctx.rank != 0)
-    raw = [bytes(uid._data.view(np.int8).tobytes())]
-    dist.broadcast_object_list(raw, src=0)
-    uid._data.view(np.int8)[:] = np.frombuffer(raw[0], dtype=np.int8)
-    nvshmem.init(device=dev, uid=uid, rank=ctx.rank, nranks=ctx.world, initializer_method="uid")
-    try:
-        dst = nvshmem.interop.torch.empty((n,), dtype=torch.float32)
-        src = nvshmem.interop.torch.empty((n,), dtype=torch.float32)
-        src.fill_(float(ctx.rank + 1))
-        dst.zero_()
-        torch.cuda.synchronize()
-        dist.barrier()
-        stream = dev.create_stream()
-        nvshmem.put(dst, src, (ctx.rank + 1) % ctx.world, stream=stream)
-        stream.sync()
-        torch.cuda.synchronize()
-        dist.barrier()
-        want = float((ctx.rank - 1) % ctx.world + 1)
-        ok = bool((dst == want).all())
-        nvshmem.free_tensor(dst)
-        nvshmem.free_tensor(src)
-    finally:
-        nvshmem.finalize()
-    return {"ok": ok, "pe": ctx.rank}
-
-
-def nvshmem_child(world: int, timeout_s: float) -> list:
-    from ..harness.launch import run_ranks
-    return run_ranks(_nvshmem_rank, world, "cuda", timeout_s, args=(1 << 20,))
-
-
-@register("nvshmem", "nvshmem4py init, symmetric allocation and a put across ranks")
-def check_nvshmem(ctx: Context):
-    import importlib.util
-    if importlib.util.find_spec("nvshmem") is None:
-        return waived("nvshmem4py not installed (pip install nvshmem4py-cu13 or -cu12); "
-                      "DeepEP/HybridEP use the NVSHMEM library, not its Python binding")
-    r = child.run_function("moebench.checks.comm:nvshmem_import_probe", {}, 120)
-    if not r.ok:
-        return failed(f"import nvshmem.core {r.failure()}", stderr=r.stderr_tail())
-    n = gpu_count()
-    if n < 2:
-        return waived(f"nvshmem4py {r.value.get('version')} imports; a put across ranks needs 2+ GPUs, {n} visible",
-                      probe=r.value)
-    r2 = child.run_function("moebench.checks.comm:nvshmem_child", {"world": n, "timeout_s": ctx.options.timeout},
-                            ctx.options.timeout + 30)
-    if not r2.ok:
-        return failed(f"nvshmem put probe {r2.failure()}", stderr=r2.stderr_tail())
-    bad = [res["pe"] for res in r2.value if not res["ok"]]
-    if bad:
-        return failed(f"PEs {bad} did not receive their neighbour's put", ranks=r2.value)
-    return passed(f"nvshmem4py {r.value.get('version')}: init, symmetric tensors and a put ring over {n} PEs",
-                  ranks=r2.value)

@@ -16,6 +16,7 @@ from pathlib import Path
 from ..core.megatron_map import BACKENDS
 from ..env import buildkind
 from ..env.deepep import HINT as DEEPEP_HINT
+from ..env.deepep import build_info
 from ..env.toolkit import find_nvcc, installed
 from . import child, imports
 from .baseline import rows_from_records
@@ -151,13 +152,16 @@ def check_deepep_roundtrip(ctx: Context):
     return _import_failure(ctx) or roundtrip(ctx, "deepep", [{}], sizes=DEEPEP_RANKS)
 
 
-@register("deepep.ll-roundtrip", "deepep-ll (low-latency mode, NVSHMEM) dispatch + combine against the oracle")
+@register("deepep.ll-roundtrip", "deepep-ll (low-latency mode, NVSHMEM) dispatch + combine against the oracle: "
+          "one rank per GPU on 2+ GPUs, else 2 ranks sharing one GPU")
 def check_deepep_ll_roundtrip(ctx: Context):
     if not installed("deep_ep"):
         return waived(f"deep_ep not installed; {DEEPEP_HINT}")
-    n = gpu_count()
-    if n < 2:
-        return waived(f"low-latency mode needs NVSHMEM across 2+ GPUs (no shared-GPU mode); {n} GPU(s) visible")
+    build = build_info() or {}
+    if build.get("nvshmem") is False:
+        return waived(f"this DeepEP build has no NVSHMEM ({build.get('summary')}: deep_ep_cpp links no libnvshmem_host "
+                      "and carries DeepEP's 'NVSHMEM is disabled' assertion), and low-latency mode needs it; rebuild "
+                      "with NVSHMEM (bench/deepep_build.sh FIX=nvshmem uses the nvidia-nvshmem wheel)", build=build)
     return _import_failure(ctx) or roundtrip(ctx, "deepep-ll", [{}], num_tokens=ctx.options.ll_num_tokens)
 
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import platform
-from pathlib import Path
 
 from ..core import ceilings
 from ..env import buildkind, topology
+from ..env.deepep import build_info
 from ..env.toolkit import dist_version
 from ..env.topology import nvml
+from ..env.transport import gpu_numa, nic_summary, scan_nics
 from . import imports
 from .registry import Context, failed, passed, register, waived
 
@@ -38,7 +39,8 @@ def _q(fn, *args):
     return v.decode() if isinstance(v, bytes) else v
 
 
-@register("env", "versions: Python, torch, CUDA, driver, NCCL, triton, NVSHMEM, deep_ep (+ build kind), megatron-core")
+@register("env", "versions: Python, torch, CUDA, driver, NCCL, triton, NVSHMEM, megatron-core, and the DeepEP build "
+          "(version, commit, NVSHMEM, HybridEP kind, libstdc++ linkage)")
 def check_env(ctx: Context):
     import torch
     nv, _ = _nvml_or_reason()
@@ -53,7 +55,8 @@ def check_env(ctx: Context):
         "triton": dist_version("triton"),
         "nvshmem": dist_version("nvidia-nvshmem-cu13", "nvidia-nvshmem-cu12", "nvshmem"),
         "nvshmem4py": dist_version("nvshmem4py-cu13", "nvshmem4py-cu12", "nvshmem4py"),
-        "deep_ep": dist_version("deep_ep", "deep-ep"), "deep_ep_files": buildkind.deep_ep_layout(),
+        "deep_ep": (build_info() or {}).get("summary"), "deep_ep_build": build_info(),
+        "deep_ep_files": buildkind.deep_ep_layout(),
         "megatron_core": dist_version("megatron-core", "megatron_core"),
         "transformer_engine": dist_version("transformer_engine", "transformer-engine"),
         "cuda_home": os.environ.get("CUDA_HOME"),
@@ -168,57 +171,6 @@ def check_nvlink(ctx: Context):
                   gpus=rows, domain_size=domain, nominal_GBps=ceilings.nominal_nvlink(rows[0]["name"]))
 
 
-def _read(p: Path) -> str | None:
-    try:
-        return p.read_text().strip()
-    except OSError:
-        return None
-
-
-def rate_gbit(text: str | None) -> float | None:
-    """'400 Gb/sec (4X NDR)' -> 400.0."""
-    try:
-        return float(text.split()[0]) if text else None
-    except ValueError:
-        return None
-
-
-def scan_nics(root: str | Path = NIC_ROOT) -> list[dict]:
-    """One row per RDMA port under <root>/class/infiniband (InfiniBand, RoCE, EFA)."""
-    base = Path(root) / "class" / "infiniband"
-    rows = []
-    for dev in sorted(base.iterdir()) if base.is_dir() else []:
-        numa = _read(dev / "device" / "numa_node")
-        for port in sorted((dev / "ports").iterdir()) if (dev / "ports").is_dir() else []:
-            layer = _read(port / "link_layer") or ""
-            kind = "EFA" if dev.name.startswith("efa") else {"InfiniBand": "InfiniBand", "Ethernet": "RoCE"}.get(layer, layer or "?")
-            state = _read(port / "state") or ""
-            rows.append({"device": dev.name, "port": port.name, "kind": kind, "state": state,
-                         "active": "ACTIVE" in state.upper(), "rate_Gbps": rate_gbit(_read(port / "rate")),
-                         "numa_node": int(numa) if numa and numa.lstrip("-").isdigit() else None})
-    return rows
-
-
-def gpu_numa(root: str | Path, bus_ids: list[str]) -> list[int | None]:
-    """NUMA node of each GPU from its PCI bus id ('00000000:18:00.0' -> /sys/bus/pci/devices/0000:18:00.0)."""
-    out = []
-    for b in bus_ids:
-        v = _read(Path(root) / "bus" / "pci" / "devices" / b[-12:].lower() / "numa_node") if b else None
-        out.append(int(v) if v and v.lstrip("-").isdigit() else None)
-    return out
-
-
-def nic_summary(nics: list[dict], gpu_numas: list[int | None]) -> dict:
-    """Per-GPU network ceiling (active port rates shared by the node's GPUs) and GPU->NIC affinity."""
-    active = [n for n in nics if n["active"] and n["rate_Gbps"]]
-    total_GBps = sum(n["rate_Gbps"] for n in active) / 8.0
-    ngpu = max(1, len(gpu_numas))
-    affinity = {i: [f"{n['device']}/{n['port']}" for n in active if n["numa_node"] is not None and n["numa_node"] == g]
-                for i, g in enumerate(gpu_numas)}
-    return {"active_ports": len(active), "node_net_GBps": total_GBps, "per_gpu_net_ceiling_GBps": total_GBps / ngpu,
-            "nominal_per_gpu_GBps": ceilings.NIC_NOMINAL_GBPS, "gpu_nic_affinity": affinity}
-
-
 @register("nic", "RDMA NICs (InfiniBand, RoCE, EFA): link state and rate, GPU affinity, per-GPU network ceiling")
 def check_nic(ctx: Context):
     root = getattr(ctx.options, "sysfs_root", None) or NIC_ROOT
@@ -228,7 +180,7 @@ def check_nic(ctx: Context):
                       "have no network ceiling here")
     nv, _ = _nvml_or_reason()
     bus = [g["pci_bus_id"] for g in gpu_rows(nv)] if nv else []
-    s = nic_summary(nics, gpu_numa(root, bus))
+    s = {**nic_summary(nics, gpu_numa(root, bus)), "nominal_per_gpu_GBps": ceilings.NIC_NOMINAL_GBPS}
     down = [f"{n['device']}/{n['port']} ({n['state']})" for n in nics if not n["active"]]
     if not s["active_ports"]:
         return failed(f"no RDMA port is ACTIVE: {', '.join(down)}", nics=nics, **s)

@@ -1,8 +1,9 @@
-"""Link ceilings: a nominal table by GPU SKU / NIC, and a measured NCCL all_to_all_single busbw.
+"""Link ceilings: a nominal table by GPU SKU / NIC (the measured NCCL all_to_all_single busbw is
+harness/timing.measure_alltoall; the NICs' own rates come from sysfs, env/transport.network_ceiling).
 
 Nominal figures are per GPU and per direction (GB/s = 1e9 bytes/s). `frac_of_ceiling` divides
 busbw (bytes that crossed links) by the ceiling of the links they crossed: NVLink inside a node,
-the per-GPU NIC share across nodes.
+the per-GPU NIC share across nodes (the RDMA ports' rates where sysfs has them, else the constant).
 """
 from __future__ import annotations
 
@@ -22,11 +23,15 @@ def nominal_nvlink(gpu_name: str | None) -> float | None:
     return None
 
 
-def ceiling_for(gpu_name: str | None, net_bytes: float, override_gbps: float | None = None) -> dict:
-    """The nominal ceiling for a phase: NVLink when nothing crossed nodes, else the NIC."""
+def ceiling_for(gpu_name: str | None, net_bytes: float, override_gbps: float | None = None,
+                net: tuple[float, str] | None = None) -> dict:
+    """The ceiling for a phase: NVLink when nothing crossed nodes, else the network: `net` (GB/s per GPU,
+    where it came from: the RDMA ports' rates), or the nominal NIC constant without it."""
     if override_gbps:
         return {"ceiling_GBps": override_gbps, "ceiling_source": "--ceiling-gbps"}
     if net_bytes > 0:
-        return {"ceiling_GBps": NIC_NOMINAL_GBPS, "ceiling_source": "nominal NIC 400 Gb/s"}
+        if net:
+            return {"ceiling_GBps": net[0], "ceiling_source": net[1]}
+        return {"ceiling_GBps": NIC_NOMINAL_GBPS, "ceiling_source": "nominal NIC 400 Gb/s (no active RDMA port in sysfs)"}
     nv = nominal_nvlink(gpu_name)
     return {"ceiling_GBps": nv, "ceiling_source": f"nominal NVLink ({gpu_name})" if nv else None}

@@ -1,13 +1,19 @@
 """The DeepEP build installed here, read from its files and package metadata without importing it
 (a crashing build is imported only in contained child processes): the install hint, the message a
-build without NVSHMEM gives, and its version for the records.
+build without NVSHMEM gives, and what identifies the build in every record and check report
+(build_info: version, source commit, extensions, NVSHMEM and its version, HybridEP's build kind,
+how hybrid_ep_cpp links libstdc++).
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
+import re
+import subprocess
 from pathlib import Path
 
+from .buildkind import ELFError, contains, elf_needed, extension_path, hybridep_build_kind
 from .toolkit import dist_version
 
 HINT = ("install DeepEP from branch hybrid-ep (legacy Buffer + HybridEPBuffer) or tag v1.2.1; DeepEP main "
@@ -15,23 +21,100 @@ HINT = ("install DeepEP from branch hybrid-ep (legacy Buffer + HybridEPBuffer) o
         "no HybridEPBuffer, and its deep_ep.utils lacks the EventOverlap that Megatron-Core's fused_a2a imports, "
         "so Megatron's flex/deepep path (mcore-deepep) finds no DeepEP there")
 NO_NVSHMEM = "NVSHMEM is disable"   # DeepEP says "disabled" in deep_ep.cpp, "disable" in config.hpp
+NVSHMEM_DISTS = ("nvidia-nvshmem-cu13", "nvidia-nvshmem-cu12")
+STATIC_LIBSTDCXX = ("static: the module carries its own copy of libstdc++, and HybridEPBuffer dies with SIGSEGV in "
+                    "get_comm_id next to torch's shared one (rebuild with the system g++, bench/deepep_build.sh "
+                    "FIX=syslink)")
+
+
+def _beside(root: Path) -> dict:
+    """bench/deepep_build.sh's deepep_build.json beside the package of a source build, else {}."""
+    try:
+        return json.loads((root / "deepep_build.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _setup_version(root: Path) -> str | None:
+    """The version in DeepEP's setup.py beside the package (setup.py build_ext --inplace)."""
+    try:
+        text = (root / "setup.py").read_text()
+    except OSError:
+        return None
+    m = re.search(r"version=['\"]([^'\"]+)['\"]", text) if "deep_ep" in text else None
+    return m.group(1) if m else None
+
+
+def _git_head(root: Path) -> str | None:
+    """The commit of a DeepEP source checkout the package sits in (its own .git, never moebench's)."""
+    if not (root / ".git").exists():
+        return None
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha if len(sha) == 40 else None
+
+
+@functools.lru_cache(maxsize=1)
+def build_info() -> dict | None:
+    """What identifies the installed DeepEP build, read from its files; None when deep_ep is not installed.
+    {version, commit, package, extensions: {module: path | None}, nvshmem (True / False / None: cannot
+    tell), nvshmem_version, hybridep_build (intranode | multinode | unknown), hybridep_libstdcxx, summary}."""
+    try:
+        spec = importlib.util.find_spec("deep_ep")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin:
+        return None
+    pkg = Path(spec.origin).parent
+    meta, dist = _beside(pkg.parent), dist_version("deep_ep", "deep-ep")
+    info = {"version": dist or meta.get("version") or _setup_version(pkg.parent) or "unknown",
+            "commit": (dist.split("+", 1)[1] if dist and "+" in dist else None) or meta.get("commit")
+            or _git_head(pkg.parent), "package": str(pkg),
+            "extensions": {m: extension_path(m) for m in ("deep_ep_cpp", "hybrid_ep_cpp")},
+            "nvshmem": None, "nvshmem_version": None, "hybridep_build": None, "hybridep_libstdcxx": None}
+    if meta.get("fix"):
+        info["build_script"] = {k: meta.get(k) for k in ("fix", "build_kind", "nvshmem", "branch")}
+    try:
+        so = info["extensions"]["deep_ep_cpp"]
+        if so:
+            linked = any(n.startswith("libnvshmem") for n in elf_needed(so))
+            info["nvshmem"] = linked or (False if contains(so, (NO_NVSHMEM.encode(),)) else None)
+            info["nvshmem_version"] = dist_version(*NVSHMEM_DISTS) if linked else None
+        hy = info["extensions"]["hybrid_ep_cpp"]
+        if hy:
+            info["hybridep_build"] = hybridep_build_kind(hy).kind
+            shared = any(n.startswith("libstdc++") for n in elf_needed(hy))
+            info["hybridep_libstdcxx"] = "shared libstdc++.so.6" if shared else STATIC_LIBSTDCXX
+    except (OSError, ELFError) as e:
+        info["unreadable"] = f"{type(e).__name__}: {e}"
+    info["summary"] = summary(info)
+    return info
+
+
+def summary(info: dict) -> str:
+    """One line: '1.2.1 @94a9f8f6b1, NVSHMEM 3.4.5, HybridEP intranode, hybrid_ep_cpp libstdc++ shared'."""
+    parts = [info["version"] + (f" @{info['commit'][:10]}" if info.get("commit") else "")]
+    nv = info.get("nvshmem")
+    parts.append(f"NVSHMEM {info.get('nvshmem_version') or 'yes'}" if nv else "no NVSHMEM" if nv is False
+                 else "NVSHMEM unknown")
+    if not info["extensions"].get("deep_ep_cpp"):
+        parts.append("no deep_ep_cpp")
+    if info["extensions"].get("hybrid_ep_cpp"):
+        parts.append(f"HybridEP {info.get('hybridep_build')}")
+        parts.append("hybrid_ep_cpp libstdc++ " + ("shared" if str(info.get("hybridep_libstdcxx")).startswith("shared")
+                                                   else "static"))
+    else:
+        parts.append("no HybridEP")
+    return ", ".join(parts)
 
 
 def build_version() -> str:
-    """deep_ep's version for the record: the installed distribution's, else, for a source build
-    (setup.py build_ext --inplace, as bench/deepep_build.sh makes), the deepep_build.json beside
-    the package: version, commit and build kind."""
-    v = dist_version("deep_ep", "deep-ep")
-    if v:
-        return v
-    try:
-        spec = importlib.util.find_spec("deep_ep")
-        meta = Path(spec.origin).parent.parent / "deepep_build.json"
-        b = json.loads(meta.read_text())
-    except (ImportError, ValueError, AttributeError, TypeError, OSError):
-        return ""
-    fix = f", fix {b['fix']}" if b.get("fix") not in (None, "none") else ""
-    return f"{b.get('version', '?')} {b.get('branch', '')}@{str(b.get('commit', ''))[:10]} ({b.get('build_kind', '?')}{fix})"
+    """deep_ep's build for the record (build_info's summary), '' when deep_ep is not installed."""
+    info = build_info()
+    return info["summary"] if info else ""
 
 
 def rdma_size_problem(ranks: int = 2, hidden_bytes: int = 2 * 1024) -> str | None:

@@ -6,6 +6,7 @@ byte rule (traffic.py) and builds the JSONL records (records/schema.DispatchReco
 """
 from __future__ import annotations
 
+import functools
 import traceback
 
 import torch
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from ..backends import base
 from ..core import ceilings, reference, traffic
 from ..core.workload import Workload, WorkloadError, make_routing, rank_inputs
+from ..env.transport import network_ceiling
 from ..records import provenance
 from ..records.schema import PHASES, DispatchRecord
 from . import overlap, preflight, views
@@ -232,6 +234,16 @@ def waiver(name: str, spec: RunSpec) -> str:
     return preflight.waiver(name, spec)      # pre-launch checks: CUDA-only backends, memory (preflight.py)
 
 
+@functools.lru_cache(maxsize=1)
+def net_ceiling() -> tuple[float, str] | None:
+    """This node's per-GPU network ceiling from its RDMA ports (sysfs), shared by the GPUs on their NUMA node."""
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    props = [torch.cuda.get_device_properties(i) for i in range(n)]
+    bus = [f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0" for p in props
+           if hasattr(p, "pci_bus_id")]
+    return network_ceiling(bus_ids=bus or None, ngpu=max(1, n))
+
+
 def build_records(spec: RunSpec, name, res, t, measured, argv, start) -> list[dict]:
     w = spec.workload
     prov = provenance.provenance()
@@ -249,7 +261,7 @@ def build_records(spec: RunSpec, name, res, t, measured, argv, start) -> list[di
             rec_traffic["upstream"] = traffic.upstream_bytes(t, w, carries)
         if timing and b:
             rec_traffic.update(traffic.bandwidth(b, timing["median_us"] * 1e-6))
-            nominal = ceilings.ceiling_for(gpu, b["net_bytes"], spec.ceiling_gbps)
+            nominal = ceilings.ceiling_for(gpu, b["net_bytes"], spec.ceiling_gbps, net_ceiling() if b["net_bytes"] else None)
             rec_traffic.update(nominal)
             if nominal["ceiling_GBps"] and b["bus_bytes"]:
                 rec_traffic["frac_of_ceiling"] = rec_traffic["busbw_GBps"] / nominal["ceiling_GBps"]

@@ -15,8 +15,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..backends import base
-from ..cli import Parser, count, number, seed
 from ..backends.base import ENV_KNOB
+from ..cli import Parser, count, number, seed
 from ..core.workload import DTYPES, Workload, WorkloadError
 from . import overlap, preflight
 from .launch import pick_device

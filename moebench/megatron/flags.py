@@ -29,7 +29,6 @@ from ..harness.spec import ENV_KNOB
 from ..records import schema
 from ..records.schema import PHASES
 
-
 CHECKED_VERSIONS = ((0, 16), (0, 19))     # megatron-core minor versions the flags were checked against
 
 

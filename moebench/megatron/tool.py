@@ -61,6 +61,9 @@ def parser() -> argparse.ArgumentParser:
         v.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
                        help=f"{what + ' ' if what else ''}(default {default:g})")
     v.add_argument("--num-sms", type=cli.count(), help="SMs for deepep/hybridep")
+    v.add_argument("--ranks-per-gpu", type=cli.count(), default=1, metavar="N",
+                   help="shared-GPU ranks: N training ranks per GPU (gloo groups, CUDA IPC on one device), so the flex "
+                        "dispatchers (EP >= 2) train on one GPU; a functional check, its times are no measurement")
     v.add_argument("--no-control", action="store_true", help="skip the alltoall control run")
     v.add_argument("--out", default="moebench-megatron.jsonl", help="JSONL file to append to")
     v.add_argument("--timeout", type=cli.number(0, strict=True), default=900.0, help="seconds per launch")
@@ -120,6 +123,9 @@ def _validate_env(args) -> tuple[str, int]:
     joined = joined_env()
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.device == "cpu":
+        if args.ranks_per_gpu > 1:
+            raise F.FlagsError(f"--ranks-per-gpu {args.ranks_per_gpu} shares GPUs between ranks, but --device cpu "
+                               "was asked for")
         if BACKENDS[args.dispatcher].flex:
             raise F.FlagsError(f"--device cpu runs --dispatcher alltoall only ({args.dispatcher} needs GPUs)")
         world = args.ep or 1
@@ -129,9 +135,13 @@ def _validate_env(args) -> tuple[str, int]:
     if ngpu == 0:
         raise F.FlagsError("validate needs CUDA: no GPU is visible (megatron-core's dispatchers and model run on "
                            "GPU); --device cpu runs a functional check of the training loop only, not a validation")
-    world = joined[1] if joined else (args.ep or ngpu)
-    if not joined and world > ngpu:
-        raise F.FlagsError(f"--ep {world} needs {world} GPUs, {ngpu} visible (or launch with torchrun)")
+    rpg = args.ranks_per_gpu
+    world = joined[1] if joined else (args.ep or ngpu * rpg)
+    if joined and rpg > 1:
+        raise F.FlagsError("--ranks-per-gpu starts its own ranks: leave it out under torchrun / srun")
+    if not joined and -(-world // rpg) > ngpu:
+        raise F.FlagsError(f"--ep {world} needs {-(-world // rpg)} GPUs at --ranks-per-gpu {rpg}, {ngpu} visible "
+                           "(--ranks-per-gpu N shares GPUs, functional only; or launch with torchrun)")
     if BACKENDS[args.dispatcher].flex:
         if world < 2:
             raise F.FlagsError(f"--dispatcher {args.dispatcher} needs EP >= 2 "
@@ -143,11 +153,12 @@ def _validate_env(args) -> tuple[str, int]:
     return "cuda", world
 
 
-def run_training(spec, dispatcher: str, device: str, world: int, timeout: float) -> dict:
+def run_training(spec, dispatcher: str, device: str, world: int, timeout: float, ranks_per_gpu: int = 1) -> dict:
     from ..harness.launch import LaunchError, run_ranks
     from .train import rank_train, summarize
     try:
-        ranks = run_ranks(rank_train, world, device, timeout, args=(spec, dispatcher, device == "cpu"))
+        ranks = run_ranks(rank_train, world, device, timeout, args=(spec, dispatcher, device == "cpu"),
+                          ranks_per_gpu=ranks_per_gpu)
     except LaunchError as e:
         print(str(e), file=sys.stderr)
         return {"dispatcher": dispatcher, "world": world, "status": "FAIL", "errors": [str(e).splitlines()[0][:1500]]}
@@ -178,16 +189,20 @@ def cmd_validate(args, argv) -> int:
     if bad_out:
         raise F.FlagsError(bad_out)
     device, world = _validate_env(args)
+    shared = args.ranks_per_gpu > 1
     if device == "cpu":
         print("# CPU functional run (CUDA calls emulated): not a measurement and not a validation")
         print(f"# {CPU_PACE}")
+    elif shared:
+        print(f"# shared-GPU run: {world} ranks, {args.ranks_per_gpu} per GPU (gloo groups, CUDA IPC on one device): "
+              "the training path is real, its step times and TFLOP/s are functional only, not a measurement")
     runs = [] if args.no_control or args.dispatcher == CONTROL else [("control", CONTROL)]
     runs.append(("candidate", args.dispatcher))
     out = []
     for role, disp in runs:
         print(f"# {role}: megatron-core GPT-MoE, dispatcher {disp}, EP {world}, {spec.steps} steps ...", flush=True)
         try:
-            r = run_training(spec, disp, device, world, args.timeout)
+            r = run_training(spec, disp, device, world, args.timeout, args.ranks_per_gpu)
         except KeyboardInterrupt as e:
             kept = f"{len(out)} record(s) ({', '.join(x['role'] for x in out)}) kept in {args.out}" if out else "nothing kept"
             raise cli.Interrupted(getattr(e, "signum", signal.SIGINT), f"{kept}; not run: {role} and after") from None
@@ -198,13 +213,17 @@ def cmd_validate(args, argv) -> int:
         _compare_to_control(out)
         writer.write_jsonl(args.out, [{"schema": VALIDATE_SCHEMA, "argv": argv, "device": device,
                                        "repro": provenance.repro_command(argv, "moebench.megatron"),
-                                       "functional": device == "cpu", **r, "env": provenance.provenance(),
+                                       "functional": device == "cpu" or shared, **r,
+                                       **({"shared_gpu": {"ranks_per_gpu": args.ranks_per_gpu}} if shared else {}),
+                                       "env": provenance.provenance(),
                                        "end_utc": provenance.utc_now()}])      # on disk as each run ends
     from tabulate import tabulate
     print(tabulate([_row(r["role"], r) for r in out], headers=TABLE, tablefmt="simple", disable_numparse=True))
     print(f"# {len(out)} records appended to {args.out} as each run finished")
     failed = [r for r in out if r["status"] != "PASS"]
-    what = "validation" if device == "cuda" else "CPU functional run (not a validation: run on GPUs for that)"
+    what = ("CPU functional run (not a validation: run on GPUs for that)" if device == "cpu" else
+            "shared-GPU functional run (the dispatcher path trained; times are no measurement)" if shared else
+            "validation")
     print(f"# {what} {'FAILED' if failed else 'PASSED'} for {args.dispatcher}",
           file=sys.stderr if failed else sys.stdout)
     return 1 if failed else 0

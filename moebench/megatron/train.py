@@ -248,11 +248,29 @@ def _progress(done: int, steps: int, loss: float, step_s: list[float]) -> None:
               file=sys.stderr, flush=True)
 
 
+def flex_setup(dispatcher: str, world: int, hidden: int, shared_gpu: bool) -> list[str]:
+    """Before Megatron builds its DeepEP / HybridEP buffer: a DeepEP build Megatron cannot size a buffer with
+    fails here with the reason; HybridEP's kernel JIT gets its CUDA_HOME; with ranks sharing a GPU, DeepEP's
+    NVML NVLink check (which cannot answer for a GPU and itself) is bypassed. Returns what was bypassed."""
+    if dispatcher == "deepep":
+        from ..backends.deepep import bypass_nvlink_check
+        from ..env.deepep import rdma_size_problem
+        problem = rdma_size_problem(world, hidden * 2)
+        if problem:
+            raise RuntimeError(problem)
+        return [bypass_nvlink_check()] if shared_gpu else []
+    if dispatcher == "hybridep":
+        from ..backends.hybridep import cuda_home
+        cuda_home()
+    return []
+
+
 def rank_train(ctx, spec: TrainSpec, dispatcher: str, emulate: bool) -> dict:
     """Runs on every rank (one launch per dispatcher). Returns losses, step times, memory, evidence."""
     if emulate:
         emulate_cuda_on_cpu()
     patch_megatron_without_te()
+    bypassed = flex_setup(dispatcher, ctx.world, spec.hidden, ctx.ranks_per_gpu > 1) if BACKENDS[dispatcher].flex else []
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     dev, world, group = ctx.device, ctx.world, ctx.group
@@ -298,7 +316,7 @@ def rank_train(ctx, spec: TrainSpec, dispatcher: str, emulate: bool) -> dict:
         peak = int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
         return {"rank": ctx.rank, "losses": losses, "step_s": step_s, "skipped_steps": skipped,
                 "peak_mem_bytes": peak, "evidence": evidence_of(gpt, dispatchers),
-                "megatron_core": mcore_version()}
+                "megatron_core": mcore_version(), "bypassed": bypassed}
     except Exception as e:   # launch.py keeps only the outermost frames: put the innermost in the message
         traceback.print_exc()
         frames = traceback.extract_tb(e.__traceback__)[-6:]
@@ -355,5 +373,6 @@ def summarize(ranks: list[dict], spec: TrainSpec, dispatcher: str, world: int) -
             "nan_steps": nan_steps, "skipped_steps": skipped,
             "peak_mem_bytes": [r["peak_mem_bytes"] for r in ranks],
             "evidence": ranks[0]["evidence"], "megatron_core": ranks[0]["megatron_core"],
+            "bypassed": ranks[0].get("bypassed", []),
             "losses": losses, "step_ms_all": [1e3 * s for s in step_s],
             "status": "FAIL" if errors else "PASS", "errors": errors, "spec": asdict(spec)}

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 
+from ..env.deepep import build_info, build_version
 from ..env.toolkit import PACKAGE_DIR, dist_version
 
 ENV_ALLOWLIST = ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "NCCL_PROTO", "NCCL_ALGO", "NCCL_IB_HCA",
@@ -45,11 +46,11 @@ def provenance() -> dict:
     env = {
         "git_sha": git_sha(), "python": platform.python_version(), "torch": torch.__version__,
         "cuda": torch.version.cuda, "nccl": None, "triton": dist_version("triton"),
-        "deep_ep": dist_version("deep_ep", "deep-ep"),
+        "deep_ep": build_version() or None, "deep_ep_build": build_info(),
         "megatron_core": dist_version("megatron-core", "megatron_core"),
         "transformer_engine": dist_version("transformer_engine", "transformer-engine"),
         "hostname": socket.gethostname(), "driver": None, "gpu": None, "gpu_count": 0, "cc": None,
-        "env": {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ},
+        "env": {k: v for k, v in sorted(os.environ.items()) if k in ENV_ALLOWLIST or k.startswith("NVSHMEM_")},
     }
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
