@@ -31,7 +31,7 @@ from . import cli
 from .core.workload import describe
 from .records import knobs, schema
 from .records.plots import METRICS, PlotError, plot_bandwidth, plot_overlap
-from .records.schema import PHASES, read_dispatch
+from .records.schema import PHASES, SAMPLED_VIEWS, read_dispatch
 from .records.tables import shorten, sig3
 
 Z95 = 1.959964
@@ -90,12 +90,13 @@ def tables(records: list[dict], markdown: bool = False) -> str:
 
 # ---- A/B compare ---------------------------------------------------------------------------------
 
-def side(recs: list[dict]) -> dict:
-    """Median and noise data of one side of a comparison (records of one key, pooled)."""
-    samples = [s for r in recs for s in ((r["timing"].get("samples_us") or []))]
-    if samples and all(r["timing"].get("samples_us") for r in recs):
+def side(recs: list[dict], view: str = "api") -> dict:
+    """Median and noise data of one side of a comparison (records of one key, pooled), in one timing view."""
+    ts = [schema.view_timing(r, view) for r in recs]
+    samples = [s for t in ts for s in (t.get("samples_us") or [])]
+    if samples and all(t.get("samples_us") for t in ts):
         return {"median": float(np.median(samples)), "samples": np.asarray(samples, float), "source": "samples"}
-    t = recs[-1]["timing"]
+    t = ts[-1]
     n = max(2, int(t.get("iters") or 2))
     sd = max(0.0, (t.get("p90_us", t["median_us"]) - t.get("p10_us", t["median_us"]))) / 2.563
     return {"median": t["median_us"], "se": 1.2533 * sd / math.sqrt(n), "source": "p10/p90"}
@@ -131,27 +132,28 @@ def verdict(ratio: float, lo: float, hi: float, min_effect: float = 0.01) -> str
     return "within noise"
 
 
-def _best_by_key(records: list[dict], key) -> dict:
-    """key(record) -> records of the knob setting with the lowest median at that key."""
+def _best_by_key(records: list[dict], key, view: str = "api") -> dict:
+    """key(record) -> records of the knob setting with the lowest median (in `view`) at that key."""
     groups: dict = {}
     for r in records:
-        if schema.timed(r) and r["phase"] in PHASES:
+        if schema.timed(r) and r["phase"] in PHASES and schema.view_timing(r, view):
             groups.setdefault(key(r), {}).setdefault(schema.knob_str(r), []).append(r)
-    return {k: min(v.values(), key=lambda rs: float(np.median([r["timing"]["median_us"] for r in rs])))
-            for k, v in groups.items()}
+    med = lambda rs: float(np.median([schema.view_timing(r, view)["median_us"] for r in rs]))  # noqa: E731
+    return {k: min(v.values(), key=med) for k, v in groups.items()}
 
 
-def compare(recs_a: list[dict], recs_b: list[dict], min_effect: float = 0.01, by_backend: bool = False) -> dict:
-    """Matched A/B rows. by_backend: A and B are two backends' records, matched on workload and phase;
-    else two runs, matched on workload, backend and phase. Returns {rows, only_a, only_b}."""
+def compare(recs_a: list[dict], recs_b: list[dict], min_effect: float = 0.01, by_backend: bool = False,
+            view: str = "api") -> dict:
+    """Matched A/B rows in one timing view. by_backend: A and B are two backends' records, matched on workload
+    and phase; else two runs, matched on workload, backend and phase. Returns {view, rows, only_a, only_b}."""
     def key(r):
         k = (json.dumps(r["workload"], sort_keys=True), r["phase"])
         return k if by_backend else k + (schema.name(r),)
-    a, b = _best_by_key(recs_a, key), _best_by_key(recs_b, key)
+    a, b = _best_by_key(recs_a, key, view), _best_by_key(recs_b, key, view)
     rows = []
     for k in sorted(set(a) & set(b), key=lambda k: (describe(json.loads(k[0]), tokens=False), json.loads(k[0])["num_tokens"],
                                                    k[2:], PHASES.index(k[1]))):
-        sa, sb = side(a[k]), side(b[k])
+        sa, sb = side(a[k], view), side(b[k], view)
         ratio, lo, hi, method = ratio_interval(sa, sb)
         w = json.loads(k[0])
         rows.append({"family": describe(w, tokens=False), "num_tokens": w["num_tokens"], "phase": k[1],
@@ -160,7 +162,7 @@ def compare(recs_a: list[dict], recs_b: list[dict], min_effect: float = 0.01, by
                      "a_median_us": sa["median"], "b_median_us": sb["median"], "ratio": ratio,
                      "ci_low": lo, "ci_high": hi, "noise": method,
                      "verdict": verdict(ratio, lo, hi, min_effect)})
-    return {"rows": rows, "only_a": len(set(a) - set(b)), "only_b": len(set(b) - set(a))}
+    return {"view": view, "rows": rows, "only_a": len(set(a) - set(b)), "only_b": len(set(b) - set(a))}
 
 
 def format_compare(res: dict, label_a: str, label_b: str, markdown: bool = False) -> str:
@@ -176,7 +178,7 @@ def format_compare(res: dict, label_a: str, label_b: str, markdown: bool = False
                      f"{r['ci_low']:.3f}-{r['ci_high']:.3f}", r["verdict"], r["noise"]])
     out = [tabulate(rows, headers=head, tablefmt="github" if markdown else "simple", disable_numparse=True)]
     counts = {v: sum(r["verdict"] == v for r in res["rows"]) for v in ("faster", "slower", "within noise")}
-    out.append(f"{'' if markdown else '# '}B ({label_b}) against A ({label_a}): "
+    out.append(f"{'' if markdown else '# '}B ({label_b}) against A ({label_a}), {res.get('view', 'api')} view: "
                + ", ".join(f"{n} {v}" for v, n in counts.items())
                + f"; unmatched rows: {res['only_a']} only in A, {res['only_b']} only in B")
     out.append(f"{'' if markdown else '# '}each side pools every run of a case (all their per-iteration samples)")
@@ -200,6 +202,8 @@ def parser() -> argparse.ArgumentParser:
                    help="write exposed time and GEMM slowdown against the SM knob to PNG (--overlap records)")
     p.add_argument("--metric", default="busbw", choices=METRICS, help="figure to plot (default busbw)")
     p.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two JSONL files, or two backends in FILE...")
+    p.add_argument("--view", choices=SAMPLED_VIEWS, default="api",
+                   help="timing view the --compare verdicts use (default api; the verdict line names it)")
     p.add_argument("--min-effect", type=cli.number(0, high=1), default=0.01,
                    help="smallest relative change called faster/slower (default 0.01)")
     p.add_argument("--markdown", action="store_true", help="GitHub markdown tables")
@@ -234,10 +238,10 @@ def run(args) -> int:
         ra, rb = schema.performance_only(ra, "report --compare"), schema.performance_only(rb, "report --compare")
         if not ra or not rb:
             raise ReportError(f"--compare: {la if not ra else lb} has no records left: all are {schema.FUNCTIONAL_NOTE}")
-        res = compare(ra, rb, args.min_effect, by_backend)
+        res = compare(ra, rb, args.min_effect, by_backend, args.view)
         res["left_out_functional"] = read - len(ra) - len(rb)
         if not res["rows"]:
-            raise ReportError(f"--compare: no matching PASS rows between {la} and {lb}")
+            raise ReportError(f"--compare: no matching PASS rows between {la} and {lb} in the {args.view} view")
         print(json.dumps(res, indent=1) if args.json else format_compare(res, la, lb, args.markdown))
         return 0
     if not args.files:

@@ -7,17 +7,11 @@ import pytest
 import torch
 
 from moebench.backends import Unavailable, get
-from moebench.backends.deepep import (
-    HINT,
-    DeepEPBackend,
-    DeepEPLowLatencyBackend,
-    group_by_local_expert,
-    import_deep_ep,
-    ll_buffer_bytes,
-    weighted_rows,
-)
+from moebench.backends.deepep import DeepEPBackend, group_by_local_expert, import_deep_ep, weighted_rows
+from moebench.backends.deepep_ll import DeepEPLowLatencyBackend, ll_buffer_bytes
 from moebench.core import reference, workload
 from moebench.core.workload import Workload, WorkloadError
+from moebench.env.deepep import HINT
 
 
 def test_registered_and_available_does_not_import():

@@ -143,7 +143,8 @@ def moebench_kernel_names() -> list[str]:
 
 
 def test_comm_kernels_exclude_moebench_kernels():
-    from moebench.backends.deepep import DeepEPBackend, DeepEPLowLatencyBackend
+    from moebench.backends.deepep import DeepEPBackend
+    from moebench.backends.deepep_ll import DeepEPLowLatencyBackend
     own = moebench_kernel_names()
     assert "unpermute_kernel" in own and "permute_copy_kernel" in own and len(own) >= 8
     for cls in (HybridEPBackend, DeepEPBackend, DeepEPLowLatencyBackend):

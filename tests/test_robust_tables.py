@@ -19,7 +19,7 @@ def test_sig3_keeps_three_significant_digits():
 
 def test_dispatch_table_and_sweep_line_show_small_figures():
     row = tables.table_rows([rec(frac_of_ceiling=-0.00213)])[0]
-    assert row[2:10] == ["1230", "0.500", "-", "-", "0.0213", "0.0107", "0.0851", "-0.00213"]
+    assert row[2:12] == ["1230", "0.500", "-", "-", "-", "-", "0.0213", "0.0107", "0.0851", "-0.00213"]
     line = sweep._summary_line(rec())
     assert "1230 us" in line and "0.0107 GB/s" in line
 

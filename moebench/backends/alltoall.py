@@ -87,18 +87,23 @@ class AlltoallBackend(Backend):
             recv_counts = send_counts
             tokens_per_expert = p.tokens_per_expert_host
             in_splits = out_splits = [p.x_RH.shape[0]]
-        S, R = sum(in_splits), sum(out_splits)
+        handle = _Handle(p.row_map_TK, topk_w_TK, in_splits, out_splits, recv_counts)
+        return self._exchange(p, handle, tokens_per_expert)
+
+    def _exchange(self, p: ops.Permuted, h: _Handle, tokens_per_expert) -> Dispatched:
+        """The permuted rows (with their probs and scales) to the ranks that hold their experts, then
+        sorted into (local expert, source rank) order."""
+        S, R = sum(h.input_splits), sum(h.output_splits)
         rows = lambda t: t if t.shape[0] == S else t[:S]  # noqa: E731   (no view op when nothing was dropped)
-        x_R = self._a2a(rows(p.x_RH), R, out_splits, in_splits)
-        probs_recv = self._a2a(rows(p.probs_R), R, out_splits, in_splits)
-        scales_R = self._a2a(rows(p.scales_RS), R, out_splits, in_splits) if p.scales_RS is not None else None
+        x_R = self._a2a(rows(p.x_RH), R, h.output_splits, h.input_splits)
+        probs_recv = self._a2a(rows(p.probs_R), R, h.output_splits, h.input_splits)
+        scales_R = self._a2a(rows(p.scales_RS), R, h.output_splits, h.input_splits) if p.scales_RS is not None else None
         if self._sorts():
-            chunks = recv_counts.view(-1)
+            chunks = h.recv_counts_WL.view(-1)
             sort = lambda t: ops.sort_chunks_by_idxs(t, chunks, self.to_expert_major, impl=self.impl)  # noqa: E731
             x_R, probs_recv = sort(x_R), sort(probs_recv[:, None])[:, 0]
             scales_R = sort(scales_R) if scales_R is not None else None
-        handle = _Handle(p.row_map_TK, topk_w_TK, in_splits, out_splits, recv_counts)
-        return Dispatched(x_R, tokens_per_expert, handle, scales_R, probs_recv)
+        return Dispatched(x_R, tokens_per_expert, h, scales_R, probs_recv)
 
     def combine(self, y_RH, handle: _Handle):
         if self._sorts():
@@ -107,18 +112,23 @@ class AlltoallBackend(Backend):
         back = self._a2a(y_RH, sum(handle.input_splits), handle.input_splits, handle.output_splits)
         return ops.unpermute(back, handle.row_map_TK, handle.topk_w_TK, impl=self.impl)
 
-    def cached_phases(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
-        """The exchange alone with the checked dispatch's splits reused: no permute, no count
-        exchange, no host sync (what the all-to-all would cost with the metadata known)."""
-        h: _Handle = d.handle
-        S, R = sum(h.input_splits), sum(h.output_splits)
-        rows = x_TH.new_empty((S, x_TH.shape[1]))
-        scales = scales_TS.new_empty((S, scales_TS.shape[1])) if scales_TS is not None else None
-        back = y_RH[:R]
+    def dispatch_known(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, h: _Handle, tokens_per_expert) -> Dispatched:
+        """The dispatch with the checked dispatch's splits known: the permute into the send buffer (its row
+        count known, so nothing waits for the device), the exchange, the receive-side chunk sort. Only the
+        count exchange and the host sync are skipped (what DeepEP's cached call saves)."""
+        p = ops.permute(x_TH, topk_idx_TK, self.w.num_experts, scales_TS=scales_TS, impl=self.impl,
+                        num_out_rows=sum(h.input_splits), probs_TK=topk_w_TK)
+        return self._exchange(p, h, tokens_per_expert)
 
-        def dispatch():
-            out = self._a2a(rows, R, h.output_splits, h.input_splits)
-            if scales is not None:
-                self._a2a(scales, R, h.output_splits, h.input_splits)
-            return out
-        return {"dispatch": dispatch, "combine": lambda: self._a2a(back, S, h.input_splits, h.output_splits)}
+    def cached_phases(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
+        """dispatch_known with the checked dispatch's handle; the combine as it is (it needs no metadata)."""
+        return {"dispatch": lambda: self.dispatch_known(x_TH, topk_idx_TK, topk_w_TK, scales_TS, d.handle,
+                                                        d.tokens_per_expert),
+                "combine": lambda: self.combine(y_RH, d.handle)}
+
+    def graph_plan(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
+        """The cached calls: no host sync, and NCCL's all-to-all can be captured (a gloo one cannot)."""
+        if self.world > 1 and dist.get_backend(self.group) != "nccl":
+            return f"the exchange runs on {dist.get_backend(self.group)}, whose collectives cannot be captured"
+        mode = "splits known ahead (the checked dispatch's), " + ("NCCL" if self.world > 1 else "one rank: no exchange")
+        return self.cached_graph(mode, self.cached_phases(x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH))

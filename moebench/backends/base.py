@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 
@@ -19,7 +19,7 @@ from ..core.workload import Workload, WorkloadError
 REGISTRY: dict[str, str] = {
     "alltoall": "moebench.backends.alltoall:AlltoallBackend",
     "deepep": "moebench.backends.deepep:DeepEPBackend",
-    "deepep-ll": "moebench.backends.deepep:DeepEPLowLatencyBackend",
+    "deepep-ll": "moebench.backends.deepep_ll:DeepEPLowLatencyBackend",
     "hybridep": "moebench.backends.hybridep:HybridEPBackend",
     "mcore-alltoall": "moebench.backends.mcore:McoreAlltoallBackend",
     "mcore-deepep": "moebench.backends.mcore:McoreDeepEPBackend",
@@ -84,6 +84,18 @@ OPS_IMPL = Knob(choices=("auto", "torch", "triton", "cuda"))    # moebench's loc
 SWITCH = Knob(choices=(0, 1))
 
 
+@dataclass
+class GraphPlan:
+    """A backend's graph-safe mode (timing view `graph`): calls that make no host sync, so that each can be
+    captured in a CUDA graph and replayed. `combine` is given the captured dispatch's output (low-latency
+    mode combines what that dispatch received); `between`, when set, runs (captured, untimed) between
+    the two: moebench's correctness expert on the received rows, where the combine needs it."""
+    mode: str                                           # named in the record
+    dispatch: Callable[[], Dispatched]
+    combine: Callable[[Dispatched], torch.Tensor]
+    between: Callable[[Dispatched], None] | None = None
+
+
 class Unavailable(RuntimeError):
     """Raised by setup() when the package imports but cannot serve this run: the backend is WAIVED."""
 
@@ -102,6 +114,7 @@ class Backend:
     # (the local permute and weighting kernels are not among them); () = no kernel view.
     comm_kernels: ClassVar[tuple[str, ...]] = ()
     no_cached_view: ClassVar[str] = "this backend has no call that reuses the dispatch handle"
+    no_graph_view: ClassVar[str] = "this backend has no dispatch without a host sync (nothing to capture)"
     KNOBS: ClassVar[dict[str, Knob]] = {}             # the knob names this backend reads, and their values
 
     @classmethod
@@ -151,10 +164,21 @@ class Backend:
         return {}
 
     def cached_phases(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d: Dispatched, y_RH) -> dict:
-        """Timing view `cached`: {"dispatch": fn, "combine": fn}, the calls repeated with the routing
-        handle / metadata of the checked dispatch `d` reused, as the upstream tests time them (DeepEP's
-        test_intranode, HybridEP's test). {} when the backend has no such call (the record says so)."""
+        """Timing view `cached`: {"dispatch": fn -> Dispatched, "combine": fn -> [T, H]}, the calls repeated
+        with the routing handle / metadata of the checked dispatch `d` reused, as the upstream tests time
+        them (DeepEP's test_intranode, HybridEP's test). Every view of a phase moves the same data: a cached
+        call skips only host and metadata work (the count exchange, the host waits, the layout), never a
+        copy the api call makes (the local grouping included). {} when the backend has no such call."""
         return {}
+
+    def graph_plan(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d: Dispatched, y_RH) -> GraphPlan | str:
+        """Timing view `graph`: the backend's graph-safe calls, or why it has none (a host sync inside, a
+        gloo group, data-dependent output sizes)."""
+        return self.no_graph_view
+
+    def cached_graph(self, mode: str, cached: dict) -> GraphPlan:
+        """A GraphPlan of the cached calls, where those are graph-safe (the checked handle reused)."""
+        return GraphPlan(mode, cached["dispatch"], lambda d_graph: cached["combine"]())
 
     def native_bytes(self, d: Dispatched) -> int | None:
         """This rank's received dispatch bytes as the upstream test counts them (DeepEP and HybridEP:

@@ -1,5 +1,5 @@
-"""`deepep` and `deepep-ll`: DeepEP's legacy `deep_ep.Buffer` (V1 API, what Megatron's flex
-dispatcher calls), normal mode and low-latency mode.
+"""`deepep`: DeepEP's legacy `deep_ep.Buffer` (V1 API, what Megatron's flex dispatcher calls), normal
+mode; the helpers it shares with `deepep-ll` (backends/deepep_ll.py) and `hybridep`.
 
 Normal mode (`deepep`): get_dispatch_layout -> dispatch -> local grouping. DeepEP returns each
 received token once per rank, with `recv_topk_idx` holding local expert ids (-1 elsewhere), not
@@ -9,25 +9,15 @@ weights are applied before it, during the local unpermute (`ops.unpermute` with 
 weights). The layout is also timed as its own phase (`layout`); `dispatch` includes it, as in
 Megatron's FusedDispatch. fp8 travels as (e4m3 [T,H], fp32 scales [T,H/128]). `--num-sms` sets
 `Buffer.set_num_sms` (even; default 20, Megatron's default too). Timing view `cached`: dispatch
-with the checked dispatch's `handle=` and the same Config (no layout, no notify, no CPU wait) and
-combine of the already weighted rows, as tests/test_intranode.py times them.
+with the checked dispatch's `handle=` and the same Config (no layout, no notify, no CPU wait), as
+tests/test_intranode.py times it, then the same local grouping; view `graph`: those calls captured.
 
-Low-latency mode (`deepep-ll`): low_latency_dispatch returns [L, max_tokens*R, H] per local expert
-with counts; moebench compacts it to grouped rows and, in combine, writes the expert outputs back
-into the received slots of one [L, max_tokens*R, H] buffer allocated at setup (the kernel reads only
-the received slots) before low_latency_combine, which applies the top-k weights itself. Timing view
-`cached`: the raw low_latency_dispatch and low_latency_combine calls, as tests/test_low_latency.py
-times them. LL sends one copy per (token, expert) (dedup False), needs NVSHMEM, and runs bf16
-here: its fp8 quantizes inside the kernel, so its payload is not the oracle's.
-
-Legend: T tokens, H hidden, K top-k, L local experts, N received tokens, R grouped rows, M slots
-per local expert (max_tokens * ranks).
+Legend: T tokens, H hidden, K top-k, L local experts, N received tokens, R grouped rows.
 """
 from __future__ import annotations
 
 import importlib.util
 import inspect
-import os
 import sys
 from dataclasses import dataclass
 
@@ -41,15 +31,10 @@ from .base import OPS_IMPL, Backend, Dispatched, Knob, Unavailable
 # get_dispatch_config's table (2..160, no 48/96) intersected with the kernels' SWITCH_RANKS (2/4/8 in a node)
 # and SWITCH_RDMA_RANKS (16/32/64/128/144/160; 24 = 3 RDMA ranks has no kernel) on hybrid-ep and v1.2.1
 NORMAL_RANKS = (2, 4, 8, 16, 32, 64, 128, 144, 160)
-LL_HIDDEN = (2048, 2560, 4096, 5120, 6144, 7168, 8192)   # SWITCH_HIDDEN in csrc/kernels/launch.cuh (no 3072)
-LL_MAX_TOPK = 11
-LL_MAX_BUFFER_GiB = 16.0
 NVLINK_BYPASS = ("check_nvlink_connections in deep_ep.Buffer's module (NVML has no NVLink P2P status "
                  "of a GPU with itself)")
 FP8_FACTOR = (1 + 4 / 128) / 2      # DeepEP's and HybridEP's tests: fp8 bytes = bf16 bytes x this
 NUM_SMS = Knob(low=2, even=True)    # Buffer.set_num_sms takes an even count
-QP_DEPTH_ENV = "NVSHMEM_QP_DEPTH"
-QP_DEPTH_DEFAULT = 1024             # what Buffer sets when the variable is unset
 
 
 def find(module: str) -> tuple[bool, str]:
@@ -133,6 +118,8 @@ class _Handle:
     native: object
     grouped: Grouped
     recv_numel: int                # recv_x.numel() of the DeepEP call (its tests' byte rule)
+    recv_idx_NK: torch.Tensor      # the received local expert ids and weights: the cached calls group by them
+    recv_w_NK: torch.Tensor
 
 
 class DeepEPBackend(Backend):
@@ -207,7 +194,8 @@ class DeepEPBackend(Backend):
             recv_x, recv_s = recv_x
         g = group_by_local_expert(recv_x, recv_idx, recv_w, self.w.local_experts, recv_s,
                                   num_rows=int(sum(counts)), impl=self.impl)
-        return Dispatched(g.x_RH, list(counts), _Handle(handle, g, recv_x.numel()), g.scales_RS, g.probs_R)
+        return Dispatched(g.x_RH, list(counts), _Handle(handle, g, recv_x.numel(), recv_idx, recv_w), g.scales_RS,
+                          g.probs_R)
 
     def combine(self, y_RH, handle: _Handle):
         out = self.buffer.combine(weighted_rows(y_RH, handle.grouped, self.impl), handle.native, config=self.configs[1])
@@ -218,14 +206,26 @@ class DeepEPBackend(Backend):
         return {"layout": lambda: self._layout(idx)}
 
     def cached_phases(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
-        """test_intranode's timed calls: dispatch(x, handle=, config=) returns recv_x (a tuple with fp8) in
-        the checked dispatch's received order; combine(rows, handle, config=) of the rows already weighted
-        (the weighting is moebench's local unpermute, done once here) returns [T, H]."""
+        """test_intranode's timed dispatch, dispatch(x, handle=, config=) (no layout, no notify, no CPU wait:
+        the rows arrive in the checked dispatch's order), then the local grouping with the row count known;
+        the combine needs no metadata, so it is the api call."""
         h: _Handle = d.handle
         payload = (x_TH, scales_TS) if scales_TS is not None else x_TH
-        y_N = weighted_rows(y_RH, h.grouped, self.impl)
-        return {"dispatch": lambda: self.buffer.dispatch(payload, handle=h.native, config=self.configs[0])[0],
-                "combine": lambda: self.buffer.combine(y_N, h.native, config=self.configs[1])[0]}
+        rows = int(sum(d.tokens_per_expert))
+
+        def dispatch():
+            recv = self.buffer.dispatch(payload, handle=h.native, config=self.configs[0])[0]
+            recv_x, recv_s = recv if isinstance(recv, tuple) else (recv, None)
+            g = group_by_local_expert(recv_x, h.recv_idx_NK, h.recv_w_NK, self.w.local_experts, recv_s,
+                                      num_rows=rows, impl=self.impl)
+            return Dispatched(g.x_RH, d.tokens_per_expert, h, g.scales_RS, g.probs_R)
+        return {"dispatch": dispatch, "combine": lambda: self.combine(y_RH, h)}
+
+    def graph_plan(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
+        if self.world > 8:
+            return "across nodes DeepEP's cached dispatch was not checked for host syncs here (not captured)"
+        return self.cached_graph("cached handle, intranode (no layout, no notify, no CPU wait)",
+                                 self.cached_phases(x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH))
 
     def native_bytes(self, d):
         """test_intranode's dispatch_bf16_nvl_recv_bytes = recv_x.numel() * 2, fp8 x (1 + 4/128) / 2."""
@@ -236,135 +236,7 @@ class DeepEPBackend(Backend):
         self.buffer = None
 
 
-@dataclass
-class _LLHandle:
-    native: object
-    topk_idx: torch.Tensor
-    topk_w: torch.Tensor
-    rows_R: torch.Tensor           # flat [L*M] slot of each grouped row (found once, in dispatch)
-
-
-def ll_qp_depth(num_tokens: int) -> int:
-    """NVSHMEM QP depth the LL kernels need: DeepEP main asserts depth >= 2 (T + 1) (so that the WRs
-    in flight never exceed the queue); hybrid-ep and v1.2.1 leave it at 1024 and do not check."""
-    return 2 * (num_tokens + 1)
-
-
-def qp_depth_problem(num_tokens: int, env=os.environ) -> str | None:
-    """Why the NVSHMEM_QP_DEPTH the user set cannot serve T tokens per rank, else None."""
-    v, need = env.get(QP_DEPTH_ENV), ll_qp_depth(num_tokens)
-    if v is None:
-        return None
-    if not v.strip().isdigit():
-        return f"{QP_DEPTH_ENV}={v!r} is not a positive integer"
-    if int(v) < need:
-        return (f"{QP_DEPTH_ENV}={v} is below the {need} = 2 x (--num-tokens + 1) that DeepEP's low-latency kernels "
-                f"need: raise it, or unset it and moebench sets {need}")
-    return None
-
-
-class DeepEPLowLatencyBackend(DeepEPBackend):
-    name = "deepep-ll"
-    dedup = False                      # one copy per (token, expert)
-    supports_fp8 = False
-    timed_phases = ("dispatch", "combine")
-    comm_kernels = ("internode_ll::dispatch", "internode_ll::combine")   # test_low_latency's 'dispatch', 'combine'
-
-    @classmethod
-    def buffer_bytes(cls, w):
-        """Its RDMA buffer and the [E, T, H] bf16 receive slots."""
-        return ll_buffer_bytes(w) + w.num_experts * w.num_tokens * 2 * w.hidden
-
-    def validate(self, w, world):
-        Backend.validate(self, w, world)
-        if world < 2:
-            raise WorkloadError(f"deepep-ll needs 2+ ranks, got EP {world}")
-        if w.hidden not in LL_HIDDEN:
-            raise WorkloadError(f"deepep-ll supports --hidden in {LL_HIDDEN}, got {w.hidden}")
-        if w.topk > LL_MAX_TOPK:
-            raise WorkloadError(f"deepep-ll supports --topk <= {LL_MAX_TOPK}, got {w.topk}")
-        if (world * w.num_tokens) % 4:
-            raise WorkloadError(f"deepep-ll needs EP x --num-tokens divisible by 4 (its TMA copies), got {world} x "
-                                f"{w.num_tokens}")
-        problem = qp_depth_problem(w.num_tokens)
-        if problem:
-            raise WorkloadError(f"deepep-ll: {problem}")
-        gib = ll_buffer_bytes(w) / 2**30
-        if gib > LL_MAX_BUFFER_GiB:
-            raise WorkloadError(f"deepep-ll would need ~{gib:.0f} GiB per rank (receive slots for every expert x "
-                                f"tokens x ranks); low-latency mode is for small batches: lower --num-tokens")
-
-    def _make_buffer(self, Buffer, group, w):
-        R, L = self.world, w.local_experts
-        if QP_DEPTH_ENV not in os.environ and ll_qp_depth(w.num_tokens) > QP_DEPTH_DEFAULT:
-            os.environ[QP_DEPTH_ENV] = str(ll_qp_depth(w.num_tokens))   # read by NVSHMEM's init, inside Buffer()
-        self.qp_depth = int(os.environ.get(QP_DEPTH_ENV, QP_DEPTH_DEFAULT))
-        rdma = Buffer.get_low_latency_rdma_size_hint(w.num_tokens, w.hidden, R, w.num_experts)
-        buffer = new_buffer(Buffer, group, 0, rdma, low_latency_mode=True, num_qps_per_rank=max(1, w.num_experts // R))
-        # combine's input [L, M, H]: once; each combine writes only the received slots, all the kernel reads
-        self.combine_in = torch.empty(L, R * w.num_tokens, w.hidden, dtype=torch.bfloat16, device=self.device)
-        return buffer
-
-    def knobs(self):
-        return {**Backend.knobs(self), "local_permute_impl": getattr(self, "impl", None),
-                "nvshmem_qp_depth": getattr(self, "qp_depth", None)}
-
-    def _raw(self, x_TH, idx):
-        return self.buffer.low_latency_dispatch(x_TH, idx, self.w.num_tokens, self.w.num_experts, use_fp8=False,
-                                                async_finish=False, return_recv_hook=False)
-
-    def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
-        idx = topk_idx_TK.to(self.idx_dtype)
-        recv_x, recv_count, handle, _, _ = self._raw(x_TH, idx)
-        M = recv_x.shape[1]
-        mask = torch.arange(M, device=recv_x.device)[None, :] < recv_count[:, None]
-        rows = mask.view(-1).nonzero().squeeze(1)      # the one device->host wait; combine needs none
-        return Dispatched(recv_x.flatten(0, 1)[rows], recv_count.tolist(),
-                          _LLHandle(handle, idx, topk_w_TK.float(), rows))
-
-    def _fill(self, y_RH, handle: _LLHandle) -> torch.Tensor:
-        buf = self.combine_in
-        buf.view(-1, buf.shape[-1])[handle.rows_R] = y_RH[: handle.rows_R.shape[0]]
-        return buf
-
-    def combine(self, y_RH, handle: _LLHandle):
-        return self.buffer.low_latency_combine(self._fill(y_RH, handle), handle.topk_idx, handle.topk_w,
-                                               handle.native)[0]
-
-    def extra_phases(self, x_TH, topk_idx_TK, topk_w_TK):
-        return {}
-
-    def cached_phases(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
-        """test_low_latency's timed calls: low_latency_dispatch (returns the [L, M, H] slots, the counts,
-        a new handle) and low_latency_combine of the expert outputs already in their slots (returns [T, H])."""
-        h: _LLHandle = d.handle
-        buf = self._fill(y_RH, h)
-        return {"dispatch": lambda: self._raw(x_TH, h.topk_idx),
-                "combine": lambda: self.buffer.low_latency_combine(buf, h.topk_idx, h.topk_w, h.native)[0]}
-
-    def native_bytes(self, d):
-        """None: the LL receive tensor is padded ([L, max_tokens * R, H]), so recv_x.numel() is no byte
-        count; its test's per-slot rule is traffic.upstream_bytes' deepep_ll_bytes."""
-        return None
-
-
 def recv_room_bytes(w) -> int:
     """Receive room for every rank's tokens, EP x T x (payload + bf16 combine rows): an assumption for the memory
     estimate of the deduplicating backends (DeepEP normal, HybridEP), not their own size rule."""
     return w.ep * w.num_tokens * (w.bytes_per_token + 2 * w.hidden)
-
-
-def ll_buffer_bytes(w) -> int:
-    """LL RDMA buffer per rank, as DeepEP's LowLatencyLayout (csrc/config.hpp) sizes it: two send, two
-    receive and two signalling buffers; send = max(T dispatch messages, E x T combine messages),
-    receive = E x T of the larger message; dispatch message = 16 + max(2H, H + H/128 x 4) bytes,
-    combine message = 2H + H/128 x 4; rounded up as get_low_latency_rdma_size_hint does."""
-    T, H, E = w.num_tokens, w.hidden, w.num_experts
-    scales = H // 128
-    dispatch_msg = 16 + max(2 * H, H + scales * 4)
-    combine_msg = scales * 4 + 2 * H
-    send = max(T * dispatch_msg, E * T * combine_msg)
-    recv = E * T * max(dispatch_msg, combine_msg)
-    signal = -(-E * 4 // 128) * 128
-    total = 2 * (send + recv + signal)
-    return (total + 128) // 128 * 128

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from ..backends.deepep import qp_depth_problem
+from ..backends.deepep_ll import qp_depth_problem
 from ..env import transport
 from ..env.deepep import build_info
 from .registry import Context, failed, passed, register, waived

@@ -10,7 +10,6 @@ import functools
 import traceback
 
 import torch
-import torch.distributed as dist
 
 from ..backends import base
 from ..core import ceilings, reference, traffic
@@ -21,21 +20,12 @@ from ..records.schema import PHASES, DispatchRecord
 from . import overlap, preflight, views
 from .launch import LaunchError, RankContext, environment, run_ranks
 from .spec import RunSpec
-from .timing import Timer, measure_alltoall
+from .timing import Timer, agree_error, measure_alltoall
 
 
 def _result(status: str, error: str = "") -> dict:
     """A backend's result as rank_main returns it; status FAIL/WAIVED before anything was timed."""
     return {"status": status, "error": error, "phases": {}, "knobs": {}, "version": "", "a2a": None}
-
-
-def _agree_error(err: str, group) -> str:
-    """The first rank's non-empty error, the same on every rank (so all ranks skip timing together)."""
-    if dist.get_world_size(group) == 1:
-        return err
-    errs = [None] * dist.get_world_size(group)
-    dist.all_gather_object(errs, err, group=group)
-    return next((f"{e}" for e in errs if e), "")
 
 
 class CheckFailed(Exception):
@@ -45,6 +35,7 @@ class CheckFailed(Exception):
 WAIVED = "WAIVED: "
 PAYLOAD_OF = {"dispatch": "dispatch", "combine": "combine"}  # phase -> bytes it moves
 KERNEL_ROWS = 8      # the largest kernels of each phase kept in the record
+NOT_ASKED = "not asked for (--views leaves {} out)"
 SHARED_NOTE = ("EP ranks are processes sharing GPUs (gloo group, CUDA IPC on one device); their kernels "
                "time-slice, so times are functional only, never performance figures")
 
@@ -62,7 +53,7 @@ def _stage(fn, group) -> str:
     except Exception as e:  # noqa: BLE001 - a failing backend is a FAIL row, not a crash
         err = f"{type(e).__name__}: {e}"
         traceback.print_exc()
-    return _agree_error(err, group)
+    return agree_error(err, group)
 
 
 def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
@@ -110,7 +101,7 @@ def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
         bytes_per_rank = w.num_tokens * w.topk * w.bytes_per_token
         out["a2a"] = measure_alltoall(timer, ctx.group, dev, bytes_per_rank, spec.iters)
     b.teardown()
-    out.update(status="PASS", knobs=b.knobs())
+    out.update(status="FAIL" if out.get("graph_fail") else "PASS", error=out.pop("graph_fail", ""), knobs=b.knobs())
     return out
 
 
@@ -135,17 +126,40 @@ def _time(b, out, timer, ctx, spec: RunSpec, payload, idx, wt, s, d, y) -> None:
                 out["phases"][phase].update(views.host_split(st.median_us, rows))
         if phase not in PHASES:
             continue
-        if not timer.cuda:
+        if "kernel" not in spec.views:
+            v["kernel"] = views.none(NOT_ASKED.format("kernel"))
+        elif not timer.cuda:
             v["kernel"] = views.none("CPU run: no GPU kernels")
         elif not b.comm_kernels:
             v["kernel"] = views.none(f"{b.name} names no communication kernels")
         else:
             v["kernel"] = views.kernel(timer, rows, b.comm_kernels, ctx.rank)
-        v["cached"] = (views.cached(timer, cached[phase], spec.iters, spec.warmup_ms, ctx.rank) if phase in cached
+        v["cached"] = (views.none(NOT_ASKED.format("cached")) if "cached" not in spec.views else
+                       views.cached(timer, cached[phase], spec.iters, spec.warmup_ms, ctx.rank) if phase in cached
                        else views.none(b.no_cached_view))
         if gemm is not None:
             out.setdefault("overlap", {})[phase] = overlap.measure(timer, fn, gemm, st.median_us, spec.iters,
                                                                    spec.warmup_ms)
+    _graph(b, out, timer, ctx, spec, payload, idx, wt, s, d, y)
+
+
+def _graph(b, out, timer, ctx, spec: RunSpec, payload, idx, wt, s, d, y) -> None:
+    """The graph view of dispatch and combine, last (a capture that goes wrong can leave nothing else
+    untimed); a replay whose outputs fail the oracle makes the backend FAIL."""
+    w = spec.workload
+    if "graph" not in spec.views:
+        g = {p: views.none(NOT_ASKED.format("graph")) for p in PHASES}
+    else:
+        plan = b.graph_plan(payload, idx, wt, s, d, y) if timer.cuda else "CPU run: no CUDA graphs"
+        check = lambda dg, yg: (_dispatch_error(dg, w, ctx.rank, ctx.device)  # noqa: E731
+                                or _combine_error(yg, payload, idx, wt, w, s))
+        g = views.graph(timer, plan, spec.iters, ctx.rank, check, wait_s=min(120.0, spec.timeout_s / 4))
+    for phase in PHASES:
+        out["views"][phase]["graph"] = g[phase]
+        if g[phase].get("median_us") is not None:
+            out["phases"][phase]["api_minus_graph_us"] = out["phases"][phase]["median_us"] - g[phase]["median_us"]
+    if "fail" in g["dispatch"]:
+        out["graph_fail"] = f"graph view: {g['dispatch']['fail']}"
 
 
 def _teardown(b) -> None:
@@ -165,20 +179,29 @@ def _expert_outputs(d: base.Dispatched, rank: int, w: Workload) -> torch.Tensor:
     return y if y.shape[0] == rows else torch.cat([y, y.new_zeros(rows - y.shape[0], *y.shape[1:])])
 
 
-def _check(b, w, rank, payload, idx, wt, scales, dev):
-    """(error or '', the dispatch, the expert outputs combined from it)."""
+def _dispatch_error(d: base.Dispatched, w, rank, dev) -> str:
+    """'' when each local expert received exactly the oracle's rows, else the first difference."""
     exp_rows, exp_scales = reference.expected_dispatch(w, rank, dev)
-    d = b.dispatch(payload, idx, wt, scales)
     tpe = [int(c) for c in d.tokens_per_expert]
     got_rows = reference.split_rows(d.x_RH, tpe)
     got_scales = reference.split_rows(d.scales_RS, tpe) if d.scales_RS is not None else None
     err = reference.check_dispatch(got_rows, got_scales, exp_rows, exp_scales, rank, w)
-    if err:
-        return "dispatch: " + err, d, None
-    y = _expert_outputs(d, rank, w)
-    out = b.combine(y, d.handle)
+    return "dispatch: " + err if err else ""
+
+
+def _combine_error(out, payload, idx, wt, w, scales) -> str:
     err = reference.check_combine(out, reference.expected_combine(payload, idx, wt, w, scales))
-    return ("combine: " + err if err else ""), d, y
+    return "combine: " + err if err else ""
+
+
+def _check(b, w, rank, payload, idx, wt, scales, dev):
+    """(error or '', the dispatch, the expert outputs combined from it)."""
+    d = b.dispatch(payload, idx, wt, scales)
+    err = _dispatch_error(d, w, rank, dev)
+    if err:
+        return err, d, None
+    y = _expert_outputs(d, rank, w)
+    return _combine_error(b.combine(y, d.handle), payload, idx, wt, w, scales), d, y
 
 
 def run_backend(spec: RunSpec, name: str, measure: bool, rank_bytes: list[float] | None = None) -> dict:

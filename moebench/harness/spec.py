@@ -20,6 +20,7 @@ from ..cli import Parser, count, number, seed
 from ..core.workload import DTYPES, Workload, WorkloadError
 from . import overlap, preflight
 from .launch import pick_device
+from .views import VIEWS
 
 CPU_DEFAULT_SHAPE = {"num_tokens": 256, "hidden": 1024}   # keeps --ep 8 under a minute on 2 cores
 DEFAULT_ITERS = {"cuda": 20, "cpu": 5}
@@ -73,9 +74,21 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="CPU: also record each phase's top torch ops per call (on CUDA each phase's kernels are always "
                         "recorded: the kernel view and the host split)")
     p.add_argument("--timeout", type=number(0, strict=True), default=600.0, help="seconds per backend launch")
+    p.add_argument("--views", default=",".join(VIEWS), type=parse_views, metavar="LIST",
+                   help=f"timing views to time, a comma list of {', '.join(VIEWS)} (api always; default all; graph "
+                        "capture costs a capture and a replay check per backend)")
     p.add_argument("--overlap", metavar="gemm[:MxNxK]",
                    help="also time each phase under a concurrent bf16 GEMM (default shape: received rows x hidden "
                         "x hidden) and record exposed time and GEMM slowdown (moebench/harness/overlap.py)")
+
+
+def parse_views(text: str) -> tuple[str, ...]:
+    """argparse type of --views: known names, api always kept, in VIEWS order."""
+    names = {v.strip() for v in text.split(",") if v.strip()}
+    unknown = sorted(names - set(VIEWS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown view {unknown[0]!r} (known: {', '.join(VIEWS)})")
+    return tuple(v for v in VIEWS if v in names | {"api"})
 
 
 def parse_knob(kv: str) -> tuple[str, int | str]:
@@ -104,6 +117,7 @@ class RunSpec:
     overlap: str | None = None
     out: str = "moebench-dispatch.jsonl"
     measure_ceiling: bool = True     # also time a plain all_to_all_single for frac_of_measured (NCCL runs)
+    views: tuple[str, ...] = VIEWS   # the timing views to time (harness/views.py); api always
     note: str = field(default="", compare=False)  # what device picking wants said (CPU fallback)
 
     @property
@@ -143,7 +157,7 @@ class RunSpec:
                    warmup_ms=args.warmup_ms if args.warmup_ms is not None else DEFAULT_WARMUP_MS[device],
                    flush_l2=not args.no_flush_l2, timeout_s=args.timeout, knobs=knobs,
                    ceiling_gbps=args.ceiling_gbps, profile=args.profile, ranks_per_gpu=rpg, out=args.out,
-                   overlap=args.overlap, note=note)
+                   overlap=args.overlap, views=args.views, note=note)
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> RunSpec:
@@ -186,6 +200,8 @@ class RunSpec:
             argv += ["--ranks-per-gpu", self.ranks_per_gpu]
         if self.overlap:
             argv += ["--overlap", self.overlap]
+        if self.views != VIEWS:
+            argv += ["--views", ",".join(self.views)]
         return [str(a) for a in argv]
 
 

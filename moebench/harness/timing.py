@@ -49,6 +49,16 @@ def stats(times_s: list[float], timer: str) -> Stats:
     return Stats(timer, len(t), statistics.median(t), q(0.10), q(0.90), t[0], samples)
 
 
+def agree_error(err: str, group) -> str:
+    """The first rank's non-empty error, the same on every rank (so that all ranks skip what follows
+    together, and none waits in a collective another rank will never join)."""
+    if group is None or dist.get_world_size(group) == 1:
+        return err
+    errs = [None] * dist.get_world_size(group)
+    dist.all_gather_object(errs, err, group=group)
+    return next((f"{e}" for e in errs if e), "")
+
+
 class Timer:
     """Times zero-argument callables the same way on every rank of `group`."""
 

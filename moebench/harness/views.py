@@ -8,15 +8,22 @@
           record keeps rank 0's (what those tests print) and the max over ranks.
   kernel  the communication kernels alone, from the profiler: their device time per call,
           averaged over the profiled calls (DeepEP's `bench_kineto`), per rank; rank 0 and max.
-A view a backend cannot give is recorded as {"none": why}.
+  graph   the backend's graph-safe calls captured once in CUDA graphs and replayed back to back
+          (TRT-LLM's and MSCCL++'s EP benches time that way); api - graph is the host overhead.
+Every view of a phase moves the same data; views differ only in the host and metadata work inside.
+A view a backend cannot give is recorded as {"none": why}; a graph replay that returns wrong data
+or hangs, as {"fail": why} (and the backend's check is FAIL).
 """
 from __future__ import annotations
 
 import statistics
+import time
 
-from .timing import Timer, kernel_profile
+import torch
 
-VIEWS = ("api", "cached", "kernel")
+from .timing import Timer, agree_error, kernel_profile
+
+VIEWS = ("api", "cached", "kernel", "graph")
 CACHED_AGG = "mean of back-to-back calls after the first (DeepEP tests/utils.py bench); rank 0 and max over ranks"
 KERNEL_AGG = ("device time of the communication kernels per call, mean over profiled calls (DeepEP "
               "bench_kineto); rank 0 and max over ranks")
@@ -37,7 +44,9 @@ def cached(timer: Timer, fn, iters: int, warmup_ms: float, rank: int) -> dict:
     timer.warmup(fn, warmup_ms)
     times = timer.queued(fn, max(iters, 2) + 1)[1:]
     r0, mx = _per_rank(timer, statistics.fmean(times) * 1e6, rank)
-    return {"mean_us": r0, "max_over_ranks_us": mx, "iters": len(times), "aggregation": CACHED_AGG}
+    per_iter = timer.agree_max([t * 1e6 for t in times])       # for A/B verdicts on this view (report, flags)
+    return {"mean_us": r0, "max_over_ranks_us": mx, "iters": len(times), "samples_us": [round(x, 3) for x in per_iter],
+            "aggregation": CACHED_AGG}
 
 
 def comm_kernel_us(rows: list[dict], names: tuple[str, ...]) -> tuple[float, list[str]]:
@@ -64,3 +73,96 @@ def host_split(median_us: float, rows: list[dict]) -> dict:
     """Host time of a phase: what its api median holds beyond the sum of its kernels."""
     ksum = sum(r["us_per_iter"] for r in rows)
     return {"kernel_sum_us": ksum, "host_us": median_us - ksum}
+
+
+GRAPH_AGG = ("the dispatch and the combine captured once (CUDA graphs) and replayed in pairs, queued back to back "
+             "with no L2 flush: the mean per call on rank 0 and over ranks; median_us is the median of the "
+             "per-iteration max over ranks (as the api view's); no host work is inside")
+POISON = 0xFF        # every byte of a replay's outputs before it runs: NaN in bf16 and e4m3, never a real row
+
+
+def _done(event, wait_s: float) -> bool:
+    """Whether the GPU reached `event` within wait_s (a hung replay must not hang the rank)."""
+    deadline = time.monotonic() + wait_s
+    while not event.query():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def _capture(plan):
+    """Eager pair (JIT, buffer growth, low-latency parity), then the dispatch, the between step and the
+    combine captured as graphs sharing one memory pool; returns (graphs, captured dispatch, its combine)."""
+    d = plan.dispatch()
+    if plan.between:
+        plan.between(d)
+    plan.combine(d)
+    torch.cuda.synchronize()
+    graphs = [torch.cuda.CUDAGraph()]
+    with torch.cuda.graph(graphs[0], capture_error_mode="thread_local"):
+        d_g = plan.dispatch()
+    pool = graphs[0].pool()
+    if plan.between:
+        graphs.append(torch.cuda.CUDAGraph())
+        with torch.cuda.graph(graphs[-1], pool=pool, capture_error_mode="thread_local"):
+            plan.between(d_g)
+    graphs.append(torch.cuda.CUDAGraph())
+    with torch.cuda.graph(graphs[-1], pool=pool, capture_error_mode="thread_local"):
+        y_g = plan.combine(d_g)
+    torch.cuda.synchronize()
+    return graphs, d_g, y_g
+
+
+def graph(timer: Timer, plan, iters: int, rank: int, check, wait_s: float) -> dict:
+    """The graph view of both phases: {"dispatch": view, "combine": view}. `plan` is the backend's GraphPlan
+    or why it has none; check(d_graph, y_graph) -> '' or the oracle's complaint about a replay's outputs
+    (poisoned before it: a replay that writes nothing or stale data fails). A view is {"none": why}
+    when capture is impossible and {"fail": why} when a replay is wrong or hangs. Every rank calls this."""
+    both = lambda v: {"dispatch": v, "combine": v}  # noqa: E731
+    if isinstance(plan, str):
+        return both(none(plan))
+    err, group = "", timer.group
+    try:
+        graphs, d_g, y_g = _capture(plan)
+    except Exception as e:  # noqa: BLE001 - a call that cannot be captured is a view that does not exist
+        err = f"capture failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+    err = agree_error(err, group)
+    if err:
+        return both(none(err))
+    gd, *rest, gc = graphs
+    d_g.x_RH.view(torch.uint8).fill_(POISON)
+    y_g.view(torch.uint8).fill_(POISON)
+    for g in graphs:
+        g.replay()
+    end = torch.cuda.Event()
+    end.record()
+    if not _done(end, wait_s):
+        return both({"fail": f"a replay did not finish within {wait_s:.0f} s (hang)"})
+    bad = agree_error(check(d_g, y_g), group)
+    if bad:
+        return both({"fail": f"replayed {bad}"})
+    timer.barrier()
+    new = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+    marks = [new()]                                   # per pair: after dispatch, after the between step, after combine
+    marks[0].record()
+    for _ in range(iters):
+        for g in (gd, *rest, gc):
+            g.replay()
+            if g is gd or g is gc or (rest and g is rest[-1]):
+                marks.append(new())
+                marks[-1].record()
+    if not _done(marks[-1], wait_s):
+        return both({"fail": f"{iters} replays did not finish within {wait_s:.0f} s (hang)"})
+    step = 3 if rest else 2
+    d_us = [marks[i * step].elapsed_time(marks[i * step + 1]) * 1e3 for i in range(iters)]
+    c_us = [marks[i * step + step - 1].elapsed_time(marks[i * step + step]) * 1e3 for i in range(iters)]
+    return {"dispatch": _graph_view(timer, d_us, rank, plan.mode), "combine": _graph_view(timer, c_us, rank, plan.mode)}
+
+
+def _graph_view(timer: Timer, us: list[float], rank: int, mode: str) -> dict:
+    per_iter = timer.agree_max(us)
+    r0, mx = _per_rank(timer, statistics.fmean(us), rank)
+    return {"us": r0, "max_over_ranks_us": mx, "median_us": statistics.median(per_iter),
+            "samples_us": [round(x, 3) for x in per_iter], "replays": len(us), "mode": mode,
+            "aggregation": GRAPH_AGG}

@@ -131,8 +131,9 @@ def workload_key(rec: dict) -> str:
     return json.dumps({"workload": rec.get("workload"), "device": rec.get("device")}, sort_keys=True)
 
 
-def summarize(records: list[dict]) -> dict[str, Summary]:
-    """name -> Summary over the dispatch and combine phases (the last record of each phase wins)."""
+def summarize(records: list[dict], view: str = "api") -> dict[str, Summary]:
+    """name -> Summary over the dispatch and combine phases in one timing view (the last record of each
+    phase wins)."""
     last: dict[str, dict[str, dict]] = {}
     for r in records:
         last.setdefault(schema.name(r), {})[r["phase"]] = r
@@ -143,11 +144,12 @@ def summarize(records: list[dict]) -> dict[str, Summary]:
         s = Summary(name, schema.status(any_rec), schema.error(any_rec),
                     knobs=any_rec["backend"].get("knobs") or {}, env=(any_rec.get("env") or {}).get("env") or {})
         if s.status == "PASS":
-            if any(r is None or not r.get("timing") for r in recs):
-                s.status, s.error = "INCOMPLETE", "no timed dispatch and combine records"
+            ts = [schema.view_timing(r, view) if r else None for r in recs]
+            if not all(ts):
+                s.status, s.error = "INCOMPLETE", f"no timed dispatch and combine records in the {view} view"
             else:
                 for key in ("median_us", "p10_us", "p90_us"):
-                    setattr(s, key, sum(float(r["timing"][key]) for r in recs))
+                    setattr(s, key, sum(float(t[key]) for t in ts))
         out[name] = s
     return out
 
@@ -168,11 +170,12 @@ def compare(control: Summary, cand: Summary, min_gain: float = 0.0) -> dict:
             "p90_us": cand.p90_us, "gain_us": gain, "noise_us": noise, "wins": wins, "why": why}
 
 
-def decide(records: list[dict], min_gain: float = 0.0) -> dict:
-    """The A/B for one workload's records: {family, control, candidates, winner, reason}."""
-    sums = summarize(records)
+def decide(records: list[dict], min_gain: float = 0.0, view: str = "api") -> dict:
+    """The A/B for one workload's records in one timing view: {view, family, control, candidates, winner,
+    reason}."""
+    sums = summarize(records, view)
     fam = _pick_family(sums)
-    out = {"family": fam, "control": None, "candidates": [], "winner": CONTROL, "winner_record": None}
+    out = {"view": view, "family": fam, "control": None, "candidates": [], "winner": CONTROL, "winner_record": None}
     if fam is None:
         seen = ", ".join(f"{n} {s.status}" for n, s in sums.items()) or "no records"
         out["reason"] = ("keep alltoall: no matched A/B (it needs a passing alltoall control and a passing "
@@ -197,10 +200,11 @@ def decide(records: list[dict], min_gain: float = 0.0) -> dict:
                 best = c
     if best:
         out["winner"], out["winner_record"] = cands[best["name"]], best["name"]
-        out["reason"] = f"{best['name']} wins the A/B against {control_name}: {best['why']}"
+        out["reason"] = f"{best['name']} wins the A/B against {control_name} in the {view} view: {best['why']}"
     else:
         whys = "; ".join(f"{c['name']}: {c['why']}" for c in out["candidates"])
-        out["reason"] = f"keep alltoall: no candidate beat {control_name} by more than the noise ({whys})"
+        out["reason"] = (f"keep alltoall: no candidate beat {control_name} by more than the noise in the {view} view "
+                         f"({whys})")
     return out
 
 
@@ -219,7 +223,7 @@ def _ineligible(s: Summary) -> dict:
 
 
 def decisions_from_results(records: list[dict], version: str, overlap: bool = False, num_sms: int | None = None,
-                           min_gain: float = 0.0) -> list[dict]:
+                           min_gain: float = 0.0, view: str = "api") -> list[dict]:
     """One decision (A/B + flags) per matched workload group in a results file."""
     groups: dict[str, list[dict]] = {}
     for r in records:
@@ -228,9 +232,9 @@ def decisions_from_results(records: list[dict], version: str, overlap: bool = Fa
     out = []
     for key, recs in groups.items():
         recs, best = _best_setting_only(recs)
-        d = decide(recs, min_gain)
+        d = decide(recs, min_gain, view)
         w = recs[0]["workload"]
-        sums = summarize(recs)
+        sums = summarize(recs, view)
         sms = num_sms
         env_domain = None
         if d["winner_record"]:

@@ -21,7 +21,7 @@ from .. import cli
 from ..core.megatron_map import BACKENDS, CONTROL
 from ..env.toolkit import dist_version, installed
 from ..records import provenance, writer
-from ..records.schema import FUNCTIONAL_NOTE, performance_only, read_dispatch
+from ..records.schema import FUNCTIONAL_NOTE, SAMPLED_VIEWS, performance_only, read_dispatch
 from . import flags as F
 
 VALIDATE_SCHEMA = "moebench.megatron.validate/1"
@@ -46,6 +46,9 @@ def parser() -> argparse.ArgumentParser:
                    help="GPUs per NVLink domain for HybridEP's env (--backend mode)")
     f.add_argument("--min-gain", type=cli.number(0), default=0.0,
                    help="also require the gain to exceed this fraction of alltoall's time (default 0)")
+    f.add_argument("--view", choices=SAMPLED_VIEWS, default="api",
+                   help="timing view of the A/B (default api: what a training step pays without CUDA graphs; graph "
+                        "for steps replayed from CUDA graphs); the verdict names it")
     f.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     v = sub.add_parser("validate", help="short megatron-core training check of a dispatcher")
     v.add_argument("--dispatcher", choices=tuple(BACKENDS), required=True)
@@ -86,7 +89,7 @@ def cmd_flags(args) -> int:
             raise F.FlagsError(f"--results {e}") from None
         if not (recs := performance_only(recs, "megatron flags")):
             raise F.FlagsError(f"every record in {args.results} is {FUNCTIONAL_NOTE}: measure on the target GPUs")
-        decisions = F.decisions_from_results(recs, version, args.overlap, args.num_sms, args.min_gain)
+        decisions = F.decisions_from_results(recs, version, args.overlap, args.num_sms, args.min_gain, args.view)
     else:
         fs = F.megatron_flags(args.backend, version, args.num_sms, args.overlap, args.ep, args.ranks_per_nvlink_domain)
         decisions = [{"workload": None, "device": None, "family": None, "control": None, "candidates": [],

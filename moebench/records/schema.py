@@ -7,7 +7,9 @@ get plain dicts back (older files may lack newer fields: the accessors give thei
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -158,6 +160,24 @@ def traffic(r: dict) -> dict:
 
 def gpu(r: dict) -> str | None:
     return (r.get("env") or {}).get("gpu")
+
+
+SAMPLED_VIEWS = ("api", "cached", "graph")   # the views that keep per-iteration samples (kernel keeps none)
+
+
+def view_timing(r: dict, view: str = "api") -> dict | None:
+    """A record's timing in one timing view, shaped like `timing` (median_us, p10_us, p90_us, samples_us,
+    iters): api is the record's own; cached and graph come from their per-iteration samples (max over
+    ranks); None where the record has no such view with samples."""
+    if view == "api":
+        return r.get("timing") or None
+    s = ((r.get("views") or {}).get(view) or {}).get("samples_us")
+    if not s:
+        return None
+    t = sorted(s)
+    q = lambda p: t[min(len(t) - 1, max(0, math.ceil(p * len(t)) - 1))]  # noqa: E731
+    return {"median_us": statistics.median(t), "p10_us": q(0.10), "p90_us": q(0.90), "samples_us": list(s),
+            "iters": len(s)}
 
 
 def timed(r: dict) -> bool:

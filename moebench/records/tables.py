@@ -34,15 +34,19 @@ def shorten(text: str, width: int) -> str:
     return cut.rstrip(" ,;:([") + "..."
 
 
-TABLE_COLUMNS = ("backend", "phase", "api us", "p90 us", "cached us", "kernel us", "algbw GB/s", "busbw GB/s",
-                 "wirebw GB/s", "frac ceil", "check")
+TABLE_COLUMNS = ("backend", "phase", "api us", "p90 us", "cached us", "kernel us", "graph us", "api-graph us",
+                 "algbw GB/s", "busbw GB/s", "wirebw GB/s", "frac ceil", "check")
 OVERLAP_COLUMNS = ("exposed us", "GEMM alone us", "GEMM slowdown")
 
 
 def view_us(r: dict, view: str) -> float | None:
-    """A record's time in the `cached` or `kernel` view (rank 0's, as the upstream tests print), else None."""
+    """A record's time in a timing view, else None: `cached` and `kernel` rank 0's (as the upstream tests
+    print), `graph` the median of the per-iteration max over ranks (as the api view's, so api - graph is
+    the host overhead), `api` the record's median."""
+    if view == "api":
+        return schema.median_us(r)
     v = (r.get("views") or {}).get(view) or {}
-    return v.get("mean_us", v.get("us"))
+    return v.get("median_us") if view == "graph" else v.get("mean_us", v.get("us"))
 
 
 def table_rows(records: list[dict]) -> list[list[str]]:
@@ -56,7 +60,8 @@ def table_rows(records: list[dict]) -> list[list[str]]:
         if t and schema.is_functional(r):      # CPU/gloo or shared-GPU ranks: the times are no measurement
             check += " [functional only]"
         row = [schema.name(r), r["phase"], sig3(t.get("median_us")), sig3(t.get("p90_us")),
-               sig3(view_us(r, "cached")), sig3(view_us(r, "kernel")),
+               sig3(view_us(r, "cached")), sig3(view_us(r, "kernel")), sig3(view_us(r, "graph")),
+               sig3(t.get("api_minus_graph_us")),
                sig3(tr.get("algbw_GBps")), sig3(tr.get("busbw_GBps")), sig3(tr.get("wirebw_GBps")),
                sig3(tr.get("frac_of_ceiling")), check]
         if with_overlap:
@@ -66,8 +71,9 @@ def table_rows(records: list[dict]) -> list[list[str]]:
     return rows
 
 
-TABLE_LEGEND = ("# api/cached/kernel us: the timing views (README, Timing views): the call a training step makes, "
-                "the call with its handle reused, the communication kernels alone; algbw: received (token, rank) "
+TABLE_LEGEND = ("# api/cached/kernel/graph us: the timing views (README, Timing views): the call a training step makes, "
+                "the call with its handle reused, the communication kernels alone, the graph-safe call replayed from a "
+                "CUDA graph; api-graph us: the host overhead a step pays without graphs; algbw: received (token, rank) "
                 "pairs, local included, x bytes per token / api time; busbw: the same from other ranks only (what "
                 "crossed links); wirebw: bytes the backend really moved; frac ceil: busbw / the nominal link ceiling; "
                 "exposed us, GEMM alone us, GEMM slowdown: --overlap; '-': not timed (FAIL, WAIVED), a view the "

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Issues 27 and 26 on the one-GPU H200: DeepEP hybrid-ep built with and without NVSHMEM, the container gate
+# on both builds, deepep-ll / Megatron's flex paths / the graph view with shared-GPU ranks, Megatron training
+# on the flex path with shared-GPU ranks, the alltoall graph view at EP 1, the GPU test tier.
+# Carry .ext/DeepEP (a `git archive` of hybrid-ep 94a9f8f) and .whl (megatron-core 0.19.2, nvshmem4py-cu13
+# 0.4.1). Builds land in .ext/deepep-builds (ignored: kept while the machine stays warm). On the device:
+#   MOEBENCH_GIT_SHA=<sha> bash bench/issue27_run.sh build gpu wait pack ep1 check-no
+#   MOEBENCH_GIT_SHA=<sha> bash bench/issue27_run.sh unpack check-yes shared megatron      (carry .ext/deepep-pack too)
+# `build` starts the two builds in the background (the GPU steps after it run meanwhile), `wait` waits for
+# them. Every step has its own timeout; a step that fails is logged and the next one runs.
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"; exec > >(tee -a "$OUT/${LOG_NAME:-issue27-h200.txt}") 2>&1
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+source bench/device_env.sh
+BASE=$PYTHONPATH B=$PWD/.ext/deepep-builds
+NO=syslink YES=nvshmem+syslink              # the two builds: HybridEP needs the system g++ (syslink) in both
+use() { export PYTHONPATH="$BASE:$B/$1"; }   # which DeepEP build the next commands see
+D="timeout 240 python3 -m moebench.dispatch --timeout 200"
+C="python3 -m moebench.check --iters 3 --timeout 150 --num-tokens 256 -t env -t megatron -t nvshmem -p transport"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+for s in "$@"; do case $s in
+build)
+  step "build DeepEP hybrid-ep: $NO and $YES (all extensions at once, in the background)"
+  (BUILD_ROOT=$B FIX="$NO $YES" MAX_JOBS=13 timeout 500 bash bench/deepep_build.sh .ext/DeepEP > /tmp/build.log 2>&1;
+   echo "build rc=$?" >> /tmp/build.log) & BUILD=$! ;;
+wait)
+  step "wait for the builds"; wait "$BUILD"
+  grep -h '^{' /tmp/build.log > "$OUT/deepep-build-nvshmem-h200.json"; grep -E "rc=|failed|NVSHMEM was|PYTHONPATH" /tmp/build.log
+  grep -q "build rc=0" /tmp/build.log || tail -40 /tmp/build.log ;;
+pack)
+  step "pack the NVSHMEM build for a later call (carried back as .ext/deepep-pack)"
+  tar -C "$B" -cJf /tmp/b.tar.xz "$YES" && ls -la /tmp/b.tar.xz && split -b 15M /tmp/b.tar.xz "$OUT/deepep-nvshmem.tar.xz." ;;
+unpack)
+  if [ -d "$B/$YES" ]; then echo "# $B/$YES is still here (warm machine)"
+  else step "unpack the carried NVSHMEM build"; mkdir -p "$B" && cat .ext/deepep-pack/deepep-nvshmem.tar.xz.* | tar -xJ -C "$B"; fi ;;
+ep1)
+  for dt in bf16 fp8; do
+    step "alltoall EP 1 $dt, all views (graph: the cached calls captured)"
+    $D --ep 1 --device cuda --backend alltoall --dtype $dt --profile --out "$OUT/ep1-graph-h200.jsonl" 2>&1 \
+      | grep -E "^(alltoall|backend|# )" | cut -c1-260
+  done ;;
+check-no)
+  step "check: the build without NVSHMEM ($NO): megatron FAIL, deepep.ll-roundtrip WAIVED with the reason"; use $NO
+  timeout 150 $C -t deepep.import -t deepep.ll-roundtrip --out "$OUT/check-nonvshmem-h200.json" \
+    --junit "$OUT/check-nonvshmem-h200.xml" | cut -c1-400 ;;
+check-yes)
+  step "check: the build with NVSHMEM ($YES): every DeepEP/HybridEP check, shared-GPU round trips"; use $YES
+  timeout 400 $C -p deepep -p hybridep --out "$OUT/check-nvshmem-h200.json" --junit "$OUT/check-nvshmem-h200.xml" \
+    | cut -c1-400 ;;
+shared)
+  use $YES; J=$OUT/shared-gpu-nvshmem-h200.jsonl
+  for ep in 2 4; do
+    step "deepep-ll EP $ep, $ep ranks on one GPU (T 128, H 7168, K 8, E 256)"
+    $D --backend deepep-ll --ep $ep --ranks-per-gpu $ep --num-tokens 128 --hidden 7168 --topk 8 --num-experts 256 \
+      --iters 5 --out "$J" 2>&1 | grep -E "^(deepep|backend|# )" | cut -c1-260
+  done
+  step "mcore-deepep, mcore-hybridep, deepep, hybridep EP 2 (shared GPU), all views"
+  $D --backend mcore-deepep,mcore-hybridep,deepep,hybridep --ep 2 --ranks-per-gpu 2 --num-tokens 512 --hidden 2048 \
+    --num-experts 32 --topk 4 --iters 5 --out "$J" 2>&1 | grep -E "^(mcore|deepep|hybridep|backend|# )" | cut -c1-260 ;;
+megatron)
+  use $YES; M=$OUT/megatron-shared-gpu-h200.jsonl
+  for disp in hybridep deepep; do
+    step "megatron validate --dispatcher $disp --ep 2 --ranks-per-gpu 2 (alltoall control first)"
+    timeout 280 python3 -m moebench.megatron validate --dispatcher $disp --ep 2 --ranks-per-gpu 2 --steps 20 \
+      --hidden 512 --heads 8 --ffn-hidden 1024 --seq-length 256 --vocab 8192 --num-experts 8 --topk 2 \
+      --timeout 240 --out "$M" 2>&1 | grep -vi "warn" | tail -12
+  done ;;
+gpu)
+  step "pytest -m gpu: the ops (one pinned ring), the views and the NCCL path (deep_ep not on the path)"
+  (export PYTHONPATH=$BASE; timeout 300 python3 -m pytest -q -m gpu tests/test_ops_gpu.py tests/test_gpu_dispatch.py \
+     tests/test_timing.py -p no:cacheprovider 2>&1 | tail -25 > "$OUT/issue27-gpu-tests.log")
+  tail -6 "$OUT/issue27-gpu-tests.log" ;;
+*) echo "unknown step $s" ;;
+esac; done
+step done
