@@ -139,7 +139,11 @@ def graph(timer: Timer, plan, iters: int, rank: int, check, wait_s: float) -> di
     end.record()
     if not _done(end, wait_s):
         return both({"fail": f"a replay did not finish within {wait_s:.0f} s (hang)"})
-    bad = agree_error(check(d_g, y_g), group)
+    try:
+        bad = check(d_g, y_g)
+    except Exception as e:  # noqa: BLE001 - outputs the oracle cannot even read are wrong outputs
+        bad = f"outputs unreadable: {type(e).__name__}: {e}"
+    bad = agree_error(bad, group)
     if bad:
         return both({"fail": f"replayed {bad}"})
     timer.barrier()
