@@ -29,7 +29,7 @@ wait)
   grep -q "build rc=0" /tmp/build.log || tail -40 /tmp/build.log ;;
 pack)
   step "pack the NVSHMEM build for a later call (carried back as .ext/deepep-pack)"
-  tar -C "$B" -cJf /tmp/b.tar.xz "$YES" && ls -la /tmp/b.tar.xz && split -b 15M /tmp/b.tar.xz "$OUT/deepep-nvshmem.tar.xz." ;;
+  tar -C "$B" -I 'xz -T0 -3' -cf /tmp/b.tar.xz "$YES" && ls -la /tmp/b.tar.xz && split -b 15M /tmp/b.tar.xz "$OUT/deepep-nvshmem.tar.xz." ;;
 unpack)
   if [ -d "$B/$YES" ]; then echo "# $B/$YES is still here (warm machine)"
   else step "unpack the carried NVSHMEM build"; mkdir -p "$B" && cat .ext/deepep-pack/deepep-nvshmem.tar.xz.* | tar -xJ -C "$B"; fi ;;
