@@ -92,7 +92,8 @@ COMMIT=${DEEPEP_COMMIT:-94a9f8f6b146c07d97ec58f67cd6d303296d6098}   # .ext/DeepE
 [ -e "$SRC/.git" ] && COMMIT=$(git -C "$SRC" rev-parse HEAD)   # (git -C alone would find moebench's repo)
 for v in "${VARIANTS[@]}"; do   # each variant: the source's Python files, its two extensions, provenance
   D="$ROOT/$v" DP="$ROOT/.parts/$(dkey "$v")" HP="$ROOT/.parts/$(hkey "$v")"
-  rm -rf "$D"; mkdir -p "$D"; cp -a "$SRC/deep_ep" "$SRC/setup.py" "$D/"
+  rm -rf "$D"; mkdir -p "$D"; cp -a "$HP/deep_ep" "$SRC/setup.py" "$D/"   # the hybrid build put backend/ in
+                                                                         # deep_ep/: HybridEP's JIT compiles from it
   cp -a "$DP"/deep_ep_cpp*.so "$HP"/hybrid_ep_cpp*.so "$D/"
   ok=$(cd /tmp && PYTHONPATH="$D" $PY -c "import torch, deep_ep_cpp, hybrid_ep_cpp, deep_ep; print('ok')" 2>&1 | tail -1 || true)
   so=$(ls "$D"/hybrid_ep_cpp*.so)

@@ -33,6 +33,24 @@ pack)
 unpack)
   if [ -d "$B/$YES" ]; then echo "# $B/$YES is still here (warm machine)"
   else step "unpack the carried NVSHMEM build"; mkdir -p "$B" && cat .ext/deepep-pack/deepep-nvshmem.tar.xz.* | tar -xJ -C "$B"; fi ;;
+repair)   # the call-1 build (before the deepep_build.sh fix) lacks deep_ep/backend, the headers HybridEP's JIT needs
+  [ -d "$B/$YES/deep_ep/backend" ] || { cp -r .ext/DeepEP/csrc/hybrid_ep/backend "$B/$YES/deep_ep/backend" &&
+    cp .ext/DeepEP/csrc/hybrid_ep/utils.cuh "$B/$YES/deep_ep/backend/" && echo "# repaired $B/$YES/deep_ep/backend"; } ;;
+hybridep)
+  use $YES; step "check: HybridEP on the NVSHMEM build (shared-GPU round trips)"
+  timeout 200 python3 -m moebench.check --iters 3 --timeout 150 --num-tokens 256 -t env -p hybridep \
+    --out "$OUT/check-nvshmem-hybridep-h200.json" --junit "$OUT/check-nvshmem-hybridep-h200.xml" | cut -c1-400
+  for m in permute plain; do
+    step "hybridep EP 2 mode $m (shared GPU), all views"
+    $D --backend hybridep --knob mode=$m --ep 2 --ranks-per-gpu 2 --num-tokens 512 --hidden 2048 --num-experts 32 \
+      --topk 4 --iters 5 --out "$OUT/shared-gpu-hybridep-h200.jsonl" 2>&1 | grep -E "^(hybridep|backend|# )" | cut -c1-260
+  done
+  step "mcore-hybridep EP 2 (shared GPU)"
+  $D --backend mcore-hybridep --ep 2 --ranks-per-gpu 2 --num-tokens 512 --hidden 2048 --num-experts 32 --topk 4 \
+    --iters 5 --out "$OUT/shared-gpu-hybridep-h200.jsonl" 2>&1 | grep -E "^(mcore|backend|# )" | cut -c1-260 ;;
+timing)
+  step "pytest -m gpu tests/test_timing.py on a quiet host (call 1 ran it beside the builds)"
+  (export PYTHONPATH=$BASE; timeout 120 python3 -m pytest -q -m gpu tests/test_timing.py -p no:cacheprovider 2>&1 | tail -3) ;;
 ep1)
   for dt in bf16 fp8; do
     step "alltoall EP 1 $dt, all views (graph: the cached calls captured)"
@@ -59,7 +77,7 @@ shared)
     --num-experts 32 --topk 4 --iters 5 --out "$J" 2>&1 | grep -E "^(mcore|deepep|hybridep|backend|# )" | cut -c1-260 ;;
 megatron)
   use $YES; M=$OUT/megatron-shared-gpu-h200.jsonl
-  for disp in hybridep deepep; do
+  for disp in ${DISPATCHERS:-hybridep deepep}; do
     step "megatron validate --dispatcher $disp --ep 2 --ranks-per-gpu 2 (alltoall control first)"
     timeout 280 python3 -m moebench.megatron validate --dispatcher $disp --ep 2 --ranks-per-gpu 2 --steps 20 \
       --hidden 512 --heads 8 --ffn-hidden 1024 --seq-length 256 --vocab 8192 --num-experts 8 --topk 2 \
