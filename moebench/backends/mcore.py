@@ -179,6 +179,8 @@ class _McoreBackend(Backend):
     flex_backend: ClassVar[str | None] = None
     supports_fp8 = False
     no_cached_view = "Megatron's dispatcher recomputes its routing metadata on every call (no handle to reuse)"
+    no_graph_view = ("Megatron's dispatchers sync the host on every call (tokens_per_expert.tolist() / .item(); DeepEP's "
+                     "CPU wait for the receive counts): nothing to capture without drop-and-pad")
     KNOBS = {"mcore_cpu_emulation": SWITCH, "moe_permute_fusion": SWITCH}   # emulation: tests only
 
     @classmethod

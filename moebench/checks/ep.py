@@ -56,7 +56,7 @@ def check_deepep_import(ctx: Context):
     if bad:
         return bad
     v = _probe(ctx).value
-    ver = v.get("version") or "?"
+    ver = v.get("version") or (build_info() or {}).get("summary") or "?"      # deep_ep has no __version__
     if not v["Buffer"]:
         return failed(f"deep_ep {ver} imports but has no legacy deep_ep.Buffer (DeepEP main 2.x still has it): the "
                       f"deepep backend and Megatron's flex dispatcher cannot use it; {DEEPEP_HINT}", probe=v)
