@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import alive, children_of, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKES = Path(__file__).parent / "fakes"
@@ -168,35 +169,6 @@ def test_bad_trace_files_say_what_is_expected_and_what_was_found(tmp_path):
 
 
 # ---------------------------------------------------------------- interrupts and a closed stdout
-def children_of(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(d.name))
-            except (OSError, ValueError, IndexError):
-                continue
-    return out
-
-
-def wait_for(fn, seconds):
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.2)
-    return None
-
-
-def gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_an_interrupt_after_the_first_backend_keeps_its_records(tmp_path, sig, code):
@@ -223,7 +195,7 @@ def test_an_interrupt_after_the_first_backend_keeps_its_records(tmp_path, sig, c
                                         f"{out}; not run: deepep"], err[-3000:]
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["backend"]["name"] for r in recs] == ["alltoall", "alltoall"]
-    assert wait_for(lambda: all(gone(k) for k in ranks), 20), "rank processes outlived the run"
+    assert wait_for(lambda: not any(alive(k) for k in ranks), 20), "rank processes outlived the run"
 
 
 def test_a_closed_stdout_drops_the_output_not_the_work(tmp_path):

@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+from procs import alive, children_of, wait_for
+
 from moebench.records.schema import read as read_records
 
 FAKES = Path(__file__).parent / "fakes"
@@ -42,36 +44,6 @@ def nap(ctx):
 if __name__ == "__main__":
     run_ranks(nap, 2, "cpu", 300.0)
 """
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(d.name))
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_for(cond, timeout_s: float):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.2)
-    return cond()
 
 
 def test_ranks_die_with_a_sigkilled_parent(tmp_path):
