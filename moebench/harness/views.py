@@ -130,7 +130,6 @@ def graph(timer: Timer, plan, iters: int, rank: int, check, wait_s: float) -> di
     err = agree_error(err, group)
     if err:
         return both(none(err))
-    gd, *rest, gc = graphs
     d_g.x_RH.view(torch.uint8).fill_(POISON)
     y_g.view(torch.uint8).fill_(POISON)
     for g in graphs:
@@ -148,17 +147,16 @@ def graph(timer: Timer, plan, iters: int, rank: int, check, wait_s: float) -> di
         return both({"fail": f"replayed {bad}"})
     timer.barrier()
     new = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
-    marks = [new()]                                   # per pair: after dispatch, after the between step, after combine
+    marks = [new()]                 # then one after each replay: dispatch, the between step (if any), combine
     marks[0].record()
     for _ in range(iters):
-        for g in (gd, *rest, gc):
+        for g in graphs:
             g.replay()
-            if g is gd or g is gc or (rest and g is rest[-1]):
-                marks.append(new())
-                marks[-1].record()
+            marks.append(new())
+            marks[-1].record()
     if not _done(marks[-1], wait_s):
         return both({"fail": f"{iters} replays did not finish within {wait_s:.0f} s (hang)"})
-    step = 3 if rest else 2
+    step = len(graphs)
     d_us = [marks[i * step].elapsed_time(marks[i * step + 1]) * 1e3 for i in range(iters)]
     c_us = [marks[i * step + step - 1].elapsed_time(marks[i * step + step]) * 1e3 for i in range(iters)]
     return {"dispatch": _graph_view(timer, d_us, rank, plan.mode), "combine": _graph_view(timer, c_us, rank, plan.mode)}
