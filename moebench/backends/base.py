@@ -14,6 +14,7 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from ..core.workload import Workload, WorkloadError
+from ..ops import IMPLS
 
 # name -> "module:Class"; names are Megatron's own values so flags are a lookup
 REGISTRY: dict[str, str] = {
@@ -80,7 +81,7 @@ class Knob:
         return ""
 
 
-OPS_IMPL = Knob(choices=("auto", "torch", "triton", "cuda"))    # moebench's local permute / unpermute
+OPS_IMPL = Knob(choices=("auto", *IMPLS))    # moebench's local permute / unpermute (auto: the fastest per op)
 SWITCH = Knob(choices=(0, 1))
 
 

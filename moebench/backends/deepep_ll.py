@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.reference import expert_factors
 from ..core.workload import WorkloadError
 from .base import Backend, Dispatched, GraphPlan
 from .deepep import DeepEPBackend, new_buffer
@@ -146,8 +147,7 @@ class DeepEPLowLatencyBackend(DeepEPBackend):
         filled in arrival order), so the captured combine takes the captured dispatch's slots, multiplied by
         the correctness expert between the two; the pair keeps DeepEP's double-buffer parity."""
         h: _LLHandle = d.handle
-        L, rank = self.w.local_experts, torch.distributed.get_rank(self.group)
-        factor = torch.arange(rank * L + 1, (rank + 1) * L + 1, device=self.device, dtype=torch.bfloat16)
+        factor = expert_factors(torch.distributed.get_rank(self.group), self.w, self.device, torch.bfloat16)
         slots_in = torch.empty_like(self.combine_in)
 
         def dispatch():

@@ -38,13 +38,17 @@ def expected_dispatch(w: Workload, rank: int, device="cpu"):
     return out_rows, out_scales
 
 
+def expert_factors(rank: int, w: Workload, device, dtype=torch.float32) -> torch.Tensor:
+    """[L]: the correctness expert's factor (global_expert + 1) of each of rank `rank`'s local experts."""
+    return torch.arange(rank * w.local_experts + 1, (rank + 1) * w.local_experts + 1, dtype=dtype, device=device)
+
+
 def apply_experts(x_RH, tokens_per_expert, rank: int, w: Workload, scales_RS=None) -> torch.Tensor:
     """y = dequant(x) * (global_expert + 1) in bf16, row blocks per local expert."""
     xf = fp8_dequantize(x_RH, scales_RS) if scales_RS is not None else x_RH.float()
-    factor = torch.repeat_interleave(
-        torch.arange(rank * w.local_experts + 1, (rank + 1) * w.local_experts + 1,
-                     dtype=torch.float32, device=x_RH.device),
-        torch.as_tensor(list(tokens_per_expert), device=x_RH.device), output_size=x_RH.shape[0])
+    factor = torch.repeat_interleave(expert_factors(rank, w, x_RH.device),
+                                     torch.as_tensor(list(tokens_per_expert), device=x_RH.device),
+                                     output_size=x_RH.shape[0])
     return (xf * factor[:, None]).to(torch.bfloat16)
 
 

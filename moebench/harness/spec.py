@@ -26,7 +26,6 @@ CPU_DEFAULT_SHAPE = {"num_tokens": 256, "hidden": 1024}   # keeps --ep 8 under a
 DEFAULT_ITERS = {"cuda": 20, "cpu": 5}
 DEFAULT_WARMUP_MS = {"cuda": 200.0, "cpu": 0.0}
 W0 = Workload()                                          # the workload defaults: defined once, in Workload
-OPS_IMPLS = ("auto", "torch", "triton", "cuda")
 
 
 def add_shape_args(p: argparse.ArgumentParser, cpu_shape: bool = False, tokens_help: str = "tokens per rank") -> None:
@@ -64,7 +63,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="moebench-dispatch.jsonl", help="JSONL file to append to (default: ./moebench-dispatch.jsonl)")
     p.add_argument("--ceiling-gbps", type=number(0, strict=True), help="override the nominal per-GPU link ceiling")
     p.add_argument("--num-sms", type=count(), help="SMs for deepep/hybridep kernels")
-    p.add_argument("--ops-impl", default="auto", choices=OPS_IMPLS,
+    p.add_argument("--ops-impl", default="auto", choices=base.OPS_IMPL.choices,
                    help="permute/unpermute implementation of the alltoall path")
     p.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
                    help="backend knob, repeatable (e.g. mode=plain, num_sms_dispatch=16; env:VAR=V sets "
@@ -142,12 +141,10 @@ class RunSpec:
         overlap.parse(args.overlap)
         rpg = args.ranks_per_gpu
         device, note = pick_device(args.device, args.ep, rpg)
-        knobs = {"ops_impl": args.ops_impl}
-        if args.num_sms is not None:
-            knobs["num_sms"] = args.num_sms
-        knobs.update(parse_knob(kv) for kv in args.knob)
+        extra = dict(parse_knob(kv) for kv in args.knob)
+        knobs = {"ops_impl": args.ops_impl, **({"num_sms": args.num_sms} if args.num_sms is not None else {}), **extra}
         backends = tuple(base.parse_backends(args.backend))
-        bad = base.knob_problem(dict(parse_knob(kv) for kv in args.knob), backends) or base.knob_problem(
+        bad = base.knob_problem(extra, backends) or base.knob_problem(
             {k: knobs[k] for k in ("num_sms",) if k in knobs}, backends, "--num-sms")
         if bad:
             raise WorkloadError(bad)

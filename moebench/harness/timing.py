@@ -13,13 +13,14 @@ On CPU (gloo) the same loop runs with a host clock: the numbers say the code wor
 """
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from ..records.schema import quantile
 
 L2_FLUSH_BYTES = 256 << 20
 
@@ -45,8 +46,7 @@ class Stats:
 def stats(times_s: list[float], timer: str) -> Stats:
     samples = [x * 1e6 for x in times_s]
     t = sorted(samples)
-    q = lambda p: t[min(len(t) - 1, max(0, math.ceil(p * len(t)) - 1))]  # noqa: E731
-    return Stats(timer, len(t), statistics.median(t), q(0.10), q(0.90), t[0], samples)
+    return Stats(timer, len(t), statistics.median(t), quantile(t, 0.10), quantile(t, 0.90), t[0], samples)
 
 
 def agree_error(err: str, group) -> str:

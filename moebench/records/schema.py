@@ -165,6 +165,12 @@ def gpu(r: dict) -> str | None:
 SAMPLED_VIEWS = ("api", "cached", "graph")   # the views that keep per-iteration samples (kernel keeps none)
 
 
+def quantile(sorted_values: list[float], p: float) -> float:
+    """The p-quantile by nearest rank (the p10 / p90 of every timing: harness/timing.stats and view_timing)."""
+    t = sorted_values
+    return t[min(len(t) - 1, max(0, math.ceil(p * len(t)) - 1))]
+
+
 def view_timing(r: dict, view: str = "api") -> dict | None:
     """A record's timing in one timing view, shaped like `timing` (median_us, p10_us, p90_us, samples_us,
     iters): api is the record's own; cached and graph come from their per-iteration samples (max over
@@ -175,9 +181,8 @@ def view_timing(r: dict, view: str = "api") -> dict | None:
     if not s:
         return None
     t = sorted(s)
-    q = lambda p: t[min(len(t) - 1, max(0, math.ceil(p * len(t)) - 1))]  # noqa: E731
-    return {"median_us": statistics.median(t), "p10_us": q(0.10), "p90_us": q(0.90), "samples_us": list(s),
-            "iters": len(s)}
+    return {"median_us": statistics.median(t), "p10_us": quantile(t, 0.10), "p90_us": quantile(t, 0.90),
+            "samples_us": list(s), "iters": len(s)}
 
 
 def timed(r: dict) -> bool:
