@@ -167,6 +167,18 @@ def check_flex_importable(backend: str) -> None:
         raise Unavailable(b.missing_hint)
 
 
+def deepep_flex_setup(world: int, hidden: int, shared_gpu: bool) -> list[str]:
+    """Before Megatron builds its deep_ep.Buffer (this backend and megatron/train.py): Unavailable with the
+    reason for a DeepEP build Megatron cannot size a buffer with; with ranks sharing a GPU, DeepEP's NVML
+    NVLink check (which cannot answer for a GPU and itself) is bypassed. Returns what was bypassed."""
+    from ..env.deepep import rdma_size_problem
+    from .deepep import bypass_nvlink_check
+    problem = rdma_size_problem(world, hidden * 2)
+    if problem:
+        raise Unavailable(problem)
+    return [bypass_nvlink_check()] if shared_gpu else []
+
+
 # ---------------------------------------------------------------- the backends
 @dataclass
 class _Handle:
@@ -230,13 +242,7 @@ class _McoreBackend(Backend):
         if self.flex_backend:
             check_flex_importable(self.flex_backend)
             if self.flex_backend == "deepep":
-                from ..env.deepep import rdma_size_problem
-                from .deepep import bypass_nvlink_check
-                problem = rdma_size_problem(dist.get_world_size(group), w.hidden * 2)
-                if problem:
-                    raise Unavailable(problem)
-                if self.shared_gpu:
-                    self.bypassed.append(bypass_nvlink_check())     # Megatron builds a deep_ep.Buffer
+                self.bypassed += deepep_flex_setup(dist.get_world_size(group), w.hidden, self.shared_gpu)
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         L = w.local_experts
         self.config = TransformerConfig(**self._config_kwargs(TransformerConfig, w, world))
@@ -344,5 +350,5 @@ class McoreHybridEPBackend(_McoreBackend):
     KNOBS = {**_McoreBackend.KNOBS, "num_sms": Knob(low=1)}
 
 
-__all__ = ["McoreAlltoallBackend", "McoreDeepEPBackend", "McoreHybridEPBackend", "emulate_cuda_on_cpu",
-           "patch_megatron_without_te", "num_sms_config", "mcore_version"]
+__all__ = ["McoreAlltoallBackend", "McoreDeepEPBackend", "McoreHybridEPBackend", "deepep_flex_setup",
+           "emulate_cuda_on_cpu", "patch_megatron_without_te", "num_sms_config", "mcore_version"]

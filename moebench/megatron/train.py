@@ -29,7 +29,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..backends.mcore import emulate_cuda_on_cpu, mcore_version, num_sms_config, patch_megatron_without_te
+from ..backends.mcore import (
+    deepep_flex_setup,
+    emulate_cuda_on_cpu,
+    mcore_version,
+    num_sms_config,
+    patch_megatron_without_te,
+)
 from ..core.megatron_map import BACKENDS
 
 EXPECTED = {n: (b.dispatcher_class, b.manager_class) for n, b in BACKENDS.items()}   # classes that must run
@@ -249,16 +255,10 @@ def _progress(done: int, steps: int, loss: float, step_s: list[float]) -> None:
 
 
 def flex_setup(dispatcher: str, world: int, hidden: int, shared_gpu: bool) -> list[str]:
-    """Before Megatron builds its DeepEP / HybridEP buffer: a DeepEP build Megatron cannot size a buffer with
-    fails here with the reason; HybridEP's kernel JIT gets its CUDA_HOME; with ranks sharing a GPU, DeepEP's
-    NVML NVLink check (which cannot answer for a GPU and itself) is bypassed. Returns what was bypassed."""
+    """Before Megatron builds its DeepEP / HybridEP buffer: DeepEP as the mcore-deepep backend prepares it
+    (backends/mcore.deepep_flex_setup); HybridEP's kernel JIT gets its CUDA_HOME. Returns what was bypassed."""
     if dispatcher == "deepep":
-        from ..backends.deepep import bypass_nvlink_check
-        from ..env.deepep import rdma_size_problem
-        problem = rdma_size_problem(world, hidden * 2)
-        if problem:
-            raise RuntimeError(problem)
-        return [bypass_nvlink_check()] if shared_gpu else []
+        return deepep_flex_setup(world, hidden, shared_gpu)
     if dispatcher == "hybridep":
         from ..backends.hybridep import cuda_home
         cuda_home()
