@@ -36,6 +36,11 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(signum)
         self.signum, self.detail = signum, detail
 
+    @classmethod
+    def after(cls, e: KeyboardInterrupt, detail: str) -> Interrupted:
+        """The interrupt `e` (Ctrl-C, or SIGTERM raised as Interrupted) with what a tool kept and left undone."""
+        return cls(getattr(e, "signum", signal.SIGINT), detail)
+
 
 def _on_sigterm(signum, frame):
     raise Interrupted(signum)
@@ -57,26 +62,23 @@ class _Stdout:
         except (OSError, ValueError):
             pass
 
-    def write(self, text):
+    def _unless_gone(self, op, *args) -> None:
+        """op(*args) while the reader is there; EPIPE (it went away) drops this and all later output."""
         if self.broken:
-            return len(text)
+            return
         try:
-            return self._s.write(text)
+            op(*args)
         except OSError as e:
-            if isinstance(e, BrokenPipeError) or e.errno == errno.EPIPE:
-                self._drop()
-                return len(text)
-            raise
+            if not (isinstance(e, BrokenPipeError) or e.errno == errno.EPIPE):
+                raise
+            self._drop()
+
+    def write(self, text):
+        self._unless_gone(self._s.write, text)
+        return len(text)
 
     def flush(self):
-        if not self.broken:
-            try:
-                self._s.flush()
-            except OSError as e:
-                if isinstance(e, BrokenPipeError) or e.errno == errno.EPIPE:
-                    self._drop()
-                else:
-                    raise
+        self._unless_gone(self._s.flush)
 
     def __getattr__(self, name):
         return getattr(self._s, name)

@@ -6,7 +6,6 @@ Without a GPU (or with --device cpu) it runs on CPU/gloo: a functional run, not 
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 
 from . import cli
@@ -58,9 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         records = run_case(run, list(sys.argv[1:] if argv is None else argv), progress=say, sink=finished)
     except KeyboardInterrupt as e:
         left = [b for b in run.backends if b not in done]
-        raise cli.Interrupted(getattr(e, "signum", signal.SIGINT),
-                              f"{written[0]} records of {', '.join(done) or 'no backend'} kept in {args.out}; "
-                              f"not run: {', '.join(left)}") from None
+        raise cli.Interrupted.after(e, f"{written[0]} records of {', '.join(done) or 'no backend'} kept in "
+                                       f"{args.out}; not run: {', '.join(left)}") from None
     if joined is not None and joined[0] != 0:
         return 0
     print(tables.format_table(records))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import warnings
 
@@ -342,8 +341,8 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
     except KeyboardInterrupt as e:
         kept = f"{len(recs)} records of {n} shape(s) kept in {a.out}" if a.out else "no --out given"
-        raise cli.Interrupted(getattr(e, "signum", signal.SIGINT),
-                              f"{kept}; not run: {', '.join('x'.join(map(str, s)) for s in shapes[n:])}") from None
+        left = ", ".join("x".join(map(str, s)) for s in shapes[n:])
+        raise cli.Interrupted.after(e, f"{kept}; not run: {left}") from None
     print(format_table(recs))
     if a.out:
         print(f"# {len(recs)} records appended to {a.out} as each shape finished")

@@ -19,7 +19,6 @@ import argparse
 import itertools
 import json
 import os
-import signal
 import sys
 import time
 import tomllib
@@ -344,8 +343,8 @@ def main_sweep(args) -> int:
     try:
         walk(runner, s, wls, names, args.knob_sweep)
     except KeyboardInterrupt as e:
-        raise Interrupted(getattr(e, "signum", signal.SIGINT),
-                          f"{runner.ran} cases finished and kept in {out}; rerun the same command to resume") from None
+        raise Interrupted.after(e, f"{runner.ran} cases finished and kept in {out}; rerun the same command to "
+                                   "resume") from None
     print(f"# sweep {s.name}: ran {runner.ran}, skipped {runner.skipped} already in {out}")
     if runner.stop() and runner.n < total:
         print(f"# stopped after {runner.ran} cases (--max-cases); rerun the same command to resume")

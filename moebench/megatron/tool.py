@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 
 from .. import cli
@@ -208,7 +207,7 @@ def cmd_validate(args, argv) -> int:
             r = run_training(spec, disp, device, world, args.timeout, args.ranks_per_gpu)
         except KeyboardInterrupt as e:
             kept = f"{len(out)} record(s) ({', '.join(x['role'] for x in out)}) kept in {args.out}" if out else "nothing kept"
-            raise cli.Interrupted(getattr(e, "signum", signal.SIGINT), f"{kept}; not run: {role} and after") from None
+            raise cli.Interrupted.after(e, f"{kept}; not run: {role} and after") from None
         if not r:
             return 0
         r["role"] = role
