@@ -6,6 +6,7 @@
 # 0.4.1). Builds land in .ext/deepep-builds (ignored: kept while the machine stays warm). On the device:
 #   MOEBENCH_GIT_SHA=<sha> bash bench/issue27_run.sh build gpu wait pack ep1 check-no
 #   MOEBENCH_GIT_SHA=<sha> bash bench/issue27_run.sh unpack check-yes shared megatron      (carry .ext/deepep-pack too)
+#   CALLS="1 4 16" bash bench/issue27_run.sh ep1 unpack repair graph-shared tier            (issue 26's graph view)
 # `build` starts the two builds in the background (the GPU steps after it run meanwhile), `wait` waits for
 # them. Every step has its own timeout; a step that fails is logged and the next one runs.
 set -uo pipefail
@@ -51,12 +52,20 @@ hybridep)
 timing)
   step "pytest -m gpu tests/test_timing.py on a quiet host (call 1 ran it beside the builds)"
   (export PYTHONPATH=$BASE; timeout 120 python3 -m pytest -q -m gpu tests/test_timing.py -p no:cacheprovider 2>&1 | tail -3) ;;
-ep1)
-  for dt in bf16 fp8; do
-    step "alltoall EP 1 $dt, all views (graph: the cached calls captured)"
-    $D --ep 1 --device cuda --backend alltoall --dtype $dt --profile --out "$OUT/ep1-graph-h200.jsonl" 2>&1 \
-      | grep -E "^(alltoall|backend|# )" | cut -c1-260
-  done ;;
+ep1)      # CALLS: the --graph-calls values to time, side by side (issue 26)
+  for calls in ${CALLS:-4}; do for dt in bf16 fp8; do
+    step "alltoall EP 1 $dt, all views (graph: the cached calls captured, $calls pairs per graph)"
+    $D --ep 1 --device cuda --backend alltoall --dtype $dt --profile --graph-calls $calls \
+      --out "$OUT/${EP1_OUT:-ep1-graph-h200.jsonl}" 2>&1 | grep -E "^(alltoall|backend|# )" | cut -c1-260
+  done; done ;;
+graph-shared)
+  use $YES; J=$OUT/${SHARED_OUT:-graph-shared-gpu-h200.jsonl}
+  step "deepep-ll EP 2, 2 ranks on one GPU (T 128, H 7168, K 8, E 256): the graph view holds 4 LL pairs"
+  $D --backend deepep-ll --ep 2 --ranks-per-gpu 2 --num-tokens 128 --hidden 7168 --topk 8 --num-experts 256 \
+    --iters 8 --out "$J" 2>&1 | grep -E "^(deepep|backend|# )" | cut -c1-260
+  step "deepep, hybridep EP 2 (shared GPU), all views"
+  $D --backend deepep,hybridep --ep 2 --ranks-per-gpu 2 --num-tokens 512 --hidden 2048 --num-experts 32 --topk 4 \
+    --iters 8 --out "$J" 2>&1 | grep -E "^(deepep|hybridep|backend|# )" | cut -c1-260 ;;
 check-no)
   step "check: the build without NVSHMEM ($NO): megatron FAIL, deepep.ll-roundtrip WAIVED with the reason"; use $NO
   timeout 150 $C -t deepep.import -t deepep.ll-roundtrip --out "$OUT/check-nonvshmem-h200.json" \
@@ -85,9 +94,14 @@ megatron)
   done ;;
 gpu)
   step "pytest -m gpu: the ops (one pinned ring), the views and the NCCL path (deep_ep not on the path)"
-  (export PYTHONPATH=$BASE; timeout 300 python3 -m pytest -q -m gpu tests/test_ops_gpu.py tests/test_gpu_dispatch.py \
-     tests/test_timing.py -p no:cacheprovider 2>&1 | tail -25 > "$OUT/issue27-gpu-tests.log")
-  tail -6 "$OUT/issue27-gpu-tests.log" ;;
+  (export PYTHONPATH=$BASE; timeout 300 python3 -m pytest -q -m gpu ${TESTS:-tests/test_ops_gpu.py \
+     tests/test_gpu_dispatch.py tests/test_timing.py} -p no:cacheprovider 2>&1 | tail -25 > "$OUT/${TESTS_LOG:-issue27-gpu-tests.log}")
+  tail -6 "$OUT/${TESTS_LOG:-issue27-gpu-tests.log}" ;;
+tier)
+  use $YES; step "pytest -m gpu: the rest of the GPU tier (Megatron, the check, the mcore backends; deep_ep on the path)"
+  timeout ${TIER_S:-400} python3 -m pytest -q -m gpu tests/test_backend_mcore.py tests/test_check.py \
+    tests/test_megatron_train.py -p no:cacheprovider 2>&1 | tail -25 > "$OUT/${TIER_LOG:-gpu-tier-rest.log}"
+  tail -6 "$OUT/${TIER_LOG:-gpu-tier-rest.log}" ;;
 *) echo "unknown step $s" ;;
 esac; done
 step done

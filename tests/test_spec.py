@@ -17,7 +17,7 @@ def spec_of(argv):
      "--dtype", "fp8", "--routing", "zipf:1.2,masked:0.1", "--seed", "7", "--backend", "alltoall,hybridep",
      "--iters", "3", "--warmup-ms", "5", "--num-sms", "24", "--ops-impl", "torch", "--knob", "mode=plain",
      "--knob", "env:NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API=128", "--no-flush-l2", "--profile",
-     "--ceiling-gbps", "450", "--timeout", "30", "--out", "x.jsonl"],
+     "--ceiling-gbps", "450", "--timeout", "30", "--out", "x.jsonl", "--graph-calls", "2"],
 ])
 def test_to_argv_round_trip(argv):
     spec = spec_of(argv)

@@ -153,7 +153,8 @@ def _graph(b, out, timer, ctx, spec: RunSpec, payload, idx, wt, s, d, y) -> None
         plan = b.graph_plan(payload, idx, wt, s, d, y) if timer.cuda else "CPU run: no CUDA graphs"
         check = lambda dg, yg: (_dispatch_error(dg, w, ctx.rank, ctx.device)  # noqa: E731
                                 or _combine_error(yg, payload, idx, wt, w, s))
-        g = views.graph(timer, plan, spec.iters, ctx.rank, check, wait_s=min(120.0, spec.timeout_s / 4))
+        g = views.graph(timer, plan, spec.iters, ctx.rank, check, wait_s=min(120.0, spec.timeout_s / 4),
+                        calls=spec.graph_calls)
     for phase in PHASES:
         out["views"][phase]["graph"] = g[phase]
         if g[phase].get("median_us") is not None:

@@ -20,7 +20,7 @@ from ..cli import Parser, count, number, seed
 from ..core.workload import DTYPES, Workload, WorkloadError
 from . import overlap, preflight
 from .launch import pick_device
-from .views import VIEWS
+from .views import GRAPH_CALLS, VIEWS
 
 CPU_DEFAULT_SHAPE = {"num_tokens": 256, "hidden": 1024}   # keeps --ep 8 under a minute on 2 cores
 DEFAULT_ITERS = {"cuda": 20, "cpu": 5}
@@ -76,6 +76,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--views", default=",".join(VIEWS), type=parse_views, metavar="LIST",
                    help=f"timing views to time, a comma list of {', '.join(VIEWS)} (api always; default all; graph "
                         "capture costs a capture and a replay check per backend)")
+    p.add_argument("--graph-calls", type=count(), default=GRAPH_CALLS, metavar="N",
+                   help=f"graph view: dispatch + combine pairs captured back to back in one CUDA graph "
+                        f"(default {GRAPH_CALLS}; each holds its own outputs in the graph's pool until reused)")
     p.add_argument("--overlap", metavar="gemm[:MxNxK]",
                    help="also time each phase under a concurrent bf16 GEMM (default shape: received rows x hidden "
                         "x hidden) and record exposed time and GEMM slowdown (moebench/harness/overlap.py)")
@@ -117,6 +120,7 @@ class RunSpec:
     out: str = "moebench-dispatch.jsonl"
     measure_ceiling: bool = True     # also time a plain all_to_all_single for frac_of_measured (NCCL runs)
     views: tuple[str, ...] = VIEWS   # the timing views to time (harness/views.py); api always
+    graph_calls: int = GRAPH_CALLS   # graph view: pairs captured in one graph
     note: str = field(default="", compare=False)  # what device picking wants said (CPU fallback)
 
     @property
@@ -154,7 +158,7 @@ class RunSpec:
                    warmup_ms=args.warmup_ms if args.warmup_ms is not None else DEFAULT_WARMUP_MS[device],
                    flush_l2=not args.no_flush_l2, timeout_s=args.timeout, knobs=knobs,
                    ceiling_gbps=args.ceiling_gbps, profile=args.profile, ranks_per_gpu=rpg, out=args.out,
-                   overlap=args.overlap, views=args.views, note=note)
+                   overlap=args.overlap, views=args.views, graph_calls=args.graph_calls, note=note)
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> RunSpec:
@@ -199,6 +203,8 @@ class RunSpec:
             argv += ["--overlap", self.overlap]
         if self.views != VIEWS:
             argv += ["--views", ",".join(self.views)]
+        if self.graph_calls != GRAPH_CALLS:
+            argv += ["--graph-calls", self.graph_calls]
         return [str(a) for a in argv]
 
 

@@ -8,8 +8,9 @@
           record keeps rank 0's (what those tests print) and the max over ranks.
   kernel  the communication kernels alone, from the profiler: their device time per call,
           averaged over the profiled calls (DeepEP's `bench_kineto`), per rank; rank 0 and max.
-  graph   the backend's graph-safe calls captured once in CUDA graphs and replayed back to back
-          (TRT-LLM's and MSCCL++'s EP benches time that way); api - graph is the host overhead.
+  graph   the backend's graph-safe calls, dispatch + combine pairs captured back to back in one CUDA graph
+          and replayed, timed mark to mark inside it (TRT-LLM's and MSCCL++'s EP benches time under
+          graphs); api - graph is the host overhead.
 Every view of a phase moves the same data; views differ only in the host and metadata work inside.
 A view a backend cannot give is recorded as {"none": why}; a graph replay that returns wrong data
 or hangs, as {"fail": why} (and the backend's check is FAIL).
@@ -75,9 +76,12 @@ def host_split(median_us: float, rows: list[dict]) -> dict:
     return {"kernel_sum_us": ksum, "host_us": median_us - ksum}
 
 
-GRAPH_AGG = ("the dispatch and the combine captured once (CUDA graphs) and replayed in pairs, queued back to back "
-             "with no L2 flush: the mean per call on rank 0 and over ranks; median_us is the median of the "
-             "per-iteration max over ranks (as the api view's); no host work is inside")
+GRAPH_CALLS = 4     # dispatch + combine pairs captured back to back in one graph (--graph-calls)
+GRAPH_AGG = ("--graph-calls dispatch + combine pairs captured back to back in one CUDA graph, a timing mark (an "
+             "event node) at every phase boundary inside it; the graph replayed behind a barrier, no L2 flush; a "
+             "call's time is mark to mark: the mean per call on rank 0 and over ranks; median_us is the median over "
+             "calls of the per-call max over ranks (as the api view's); pair_us is a whole replay / pairs (the graph "
+             "launch included); no host work is inside")
 POISON = 0xFF        # every byte of a replay's outputs before it runs: NaN in bf16 and e4m3, never a real row
 
 
@@ -91,40 +95,58 @@ def _done(event, wait_s: float) -> bool:
     return True
 
 
-def _capture(plan):
-    """Eager pair (JIT, buffer growth, low-latency parity), then the dispatch, the between step and the
-    combine captured as graphs sharing one memory pool; returns (graphs, captured dispatch, its combine)."""
+def _capture(plan, calls: int):
+    """An eager pair first (JIT, buffer growth, low-latency parity); then `calls` pairs (dispatch, the between
+    step, combine) captured back to back in one graph, an external event node at every phase boundary (the
+    end of one pair's combine is the start of the next dispatch). Returns (graph, marks, last pair's dispatch,
+    its combine); earlier pairs' outputs are dropped during capture, so the graph's pool reuses them."""
     d = plan.dispatch()
     if plan.between:
         plan.between(d)
     plan.combine(d)
     torch.cuda.synchronize()
-    graphs = [torch.cuda.CUDAGraph()]
-    with torch.cuda.graph(graphs[0], capture_error_mode="thread_local"):
-        d_g = plan.dispatch()
-    pool = graphs[0].pool()
-    if plan.between:
-        graphs.append(torch.cuda.CUDAGraph())
-        with torch.cuda.graph(graphs[-1], pool=pool, capture_error_mode="thread_local"):
-            plan.between(d_g)
-    graphs.append(torch.cuda.CUDAGraph())
-    with torch.cuda.graph(graphs[-1], pool=pool, capture_error_mode="thread_local"):
-        y_g = plan.combine(d_g)
+    marks: list = []
+
+    def mark():
+        marks.append(torch.cuda.Event(enable_timing=True, external=True))
+        marks[-1].record()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
+        mark()
+        for _ in range(calls):
+            d_g = plan.dispatch()
+            mark()
+            if plan.between:
+                plan.between(d_g)
+                mark()
+            y_g = plan.combine(d_g)
+            mark()
     torch.cuda.synchronize()
-    return graphs, d_g, y_g
+    return g, marks, d_g, y_g
 
 
-def graph(timer: Timer, plan, iters: int, rank: int, check, wait_s: float) -> dict:
+def phase_spans(marks: list, calls: int, between: bool) -> tuple[list, list]:
+    """(dispatch, combine) (start, end) mark pairs of each captured pair: with a between step a pair holds
+    three marks after its start (dispatch end, between end, combine end), else two."""
+    step = 3 if between else 2
+    assert len(marks) == 1 + step * calls, (len(marks), step, calls)
+    d = [(marks[i * step], marks[i * step + 1]) for i in range(calls)]
+    c = [(marks[i * step + step - 1], marks[i * step + step]) for i in range(calls)]
+    return d, c
+
+
+def graph(timer: Timer, plan, iters: int, rank: int, check, wait_s: float, calls: int = GRAPH_CALLS) -> dict:
     """The graph view of both phases: {"dispatch": view, "combine": view}. `plan` is the backend's GraphPlan
     or why it has none; check(d_graph, y_graph) -> '' or the oracle's complaint about a replay's outputs
-    (poisoned before it: a replay that writes nothing or stale data fails). A view is {"none": why}
-    when capture is impossible and {"fail": why} when a replay is wrong or hangs. Every rank calls this."""
+    (poisoned before it: a replay that writes nothing or stale data fails). `calls` pairs are captured in one
+    graph and it is replayed until `iters` calls are timed. A view is {"none": why} when capture is
+    impossible and {"fail": why} when a replay is wrong or hangs. Every rank calls this."""
     both = lambda v: {"dispatch": v, "combine": v}  # noqa: E731
     if isinstance(plan, str):
         return both(none(plan))
     err, group = "", timer.group
     try:
-        graphs, d_g, y_g = _capture(plan)
+        g, marks, d_g, y_g = _capture(plan, calls)
     except Exception as e:  # noqa: BLE001 - a call that cannot be captured is a view that does not exist
         err = f"capture failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
     err = agree_error(err, group)
@@ -132,8 +154,7 @@ def graph(timer: Timer, plan, iters: int, rank: int, check, wait_s: float) -> di
         return both(none(err))
     d_g.x_RH.view(torch.uint8).fill_(POISON)
     y_g.view(torch.uint8).fill_(POISON)
-    for g in graphs:
-        g.replay()
+    g.replay()
     end = torch.cuda.Event()
     end.record()
     if not _done(end, wait_s):
@@ -145,26 +166,28 @@ def graph(timer: Timer, plan, iters: int, rank: int, check, wait_s: float) -> di
     bad = agree_error(bad, group)
     if bad:
         return both({"fail": f"replayed {bad}"})
-    timer.barrier()
+    spans = phase_spans(marks, calls, plan.between is not None)
+    us = {"dispatch": [], "combine": []}
+    pair_us = []
     new = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
-    marks = [new()]                 # then one after each replay: dispatch, the between step (if any), combine
-    marks[0].record()
-    for _ in range(iters):
-        for g in graphs:
-            g.replay()
-            marks.append(new())
-            marks[-1].record()
-    if not _done(marks[-1], wait_s):
-        return both({"fail": f"{iters} replays did not finish within {wait_s:.0f} s (hang)"})
-    step = len(graphs)
-    d_us = [marks[i * step].elapsed_time(marks[i * step + 1]) * 1e3 for i in range(iters)]
-    c_us = [marks[i * step + step - 1].elapsed_time(marks[i * step + step]) * 1e3 for i in range(iters)]
-    return {"dispatch": _graph_view(timer, d_us, rank, plan.mode), "combine": _graph_view(timer, c_us, rank, plan.mode)}
+    for _ in range(-(-max(iters, 1) // calls)):
+        timer.barrier()
+        start, end = new(), new()
+        start.record()
+        g.replay()
+        end.record()
+        if not _done(end, wait_s):
+            return both({"fail": f"a replay of {calls} pairs did not finish within {wait_s:.0f} s (hang)"})
+        pair_us.append(start.elapsed_time(end) * 1e3 / calls)
+        for phase, span in zip(us, spans):
+            us[phase] += [a.elapsed_time(b) * 1e3 for a, b in span]
+    pair = statistics.median(timer.agree_max(pair_us))
+    return {p: _graph_view(timer, us[p], rank, plan.mode, calls, pair) for p in us}
 
 
-def _graph_view(timer: Timer, us: list[float], rank: int, mode: str) -> dict:
-    per_iter = timer.agree_max(us)
+def _graph_view(timer: Timer, us: list[float], rank: int, mode: str, calls: int, pair_us: float) -> dict:
+    per_call = timer.agree_max(us)
     r0, mx = _per_rank(timer, statistics.fmean(us), rank)
-    return {"us": r0, "max_over_ranks_us": mx, "median_us": statistics.median(per_iter),
-            "samples_us": [round(x, 3) for x in per_iter], "replays": len(us), "mode": mode,
-            "aggregation": GRAPH_AGG}
+    return {"us": r0, "max_over_ranks_us": mx, "median_us": statistics.median(per_call),
+            "samples_us": [round(x, 3) for x in per_call], "calls": len(us), "calls_per_graph": calls,
+            "pair_us": pair_us, "mode": mode, "aggregation": GRAPH_AGG}
