@@ -143,17 +143,11 @@ def _cached_rows(ctx, w):
     return torch.equal(dc.x_RH, d.x_RH), torch.equal(out, b.combine(y, d.handle)), calls
 
 
-@pytest.mark.parametrize("between", [False, True])
-def test_graph_phase_spans_tile_the_captured_pairs(between):
-    """Issue 26: the graph view's marks, one at the start and one after every step of each captured pair: the
-    dispatch spans start the pairs, the combine spans end them, and none holds the between step."""
-    calls, step = 3, 3 if between else 2
-    marks = list(range(1 + step * calls))
-    d, c = views.phase_spans(marks, calls, between)
-    assert d[0][0] == 0 and c[-1][1] == marks[-1]
-    for i in range(calls):
-        assert d[i] == (i * step, i * step + 1) and c[i] == ((i + 1) * step - 1, (i + 1) * step)
-        if i:
-            assert d[i][0] == c[i - 1][1]          # a pair's dispatch starts where the last combine ended
+def test_graph_phase_spans_pair_each_calls_marks():
+    """Issue 26: four marks per captured pair (dispatch start, end, combine start, end; the between step and the
+    L2 flush lie outside them): each phase's spans are its own marks, in capture order."""
+    marks = list(range(12))
+    spans = views.phase_spans(marks)
+    assert spans == {"dispatch": [(0, 1), (4, 5), (8, 9)], "combine": [(2, 3), (6, 7), (10, 11)]}
     with pytest.raises(AssertionError):
-        views.phase_spans(marks[:-1], calls, between)
+        views.phase_spans(marks[:-1])

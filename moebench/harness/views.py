@@ -9,8 +9,8 @@
   kernel  the communication kernels alone, from the profiler: their device time per call,
           averaged over the profiled calls (DeepEP's `bench_kineto`), per rank; rank 0 and max.
   graph   the backend's graph-safe calls, dispatch + combine pairs captured back to back in one CUDA graph
-          and replayed, timed mark to mark inside it (TRT-LLM's and MSCCL++'s EP benches time under
-          graphs); api - graph is the host overhead.
+          with the api view's L2 flush before each phase, replayed, timed mark to mark inside it (TRT-LLM's
+          and MSCCL++'s EP benches time under graphs); api - graph is the host overhead.
 Every view of a phase moves the same data; views differ only in the host and metadata work inside.
 A view a backend cannot give is recorded as {"none": why}; a graph replay that returns wrong data
 or hangs, as {"fail": why} (and the backend's check is FAIL).
@@ -77,11 +77,11 @@ def host_split(median_us: float, rows: list[dict]) -> dict:
 
 
 GRAPH_CALLS = 4     # dispatch + combine pairs captured back to back in one graph (--graph-calls)
-GRAPH_AGG = ("--graph-calls dispatch + combine pairs captured back to back in one CUDA graph, a timing mark (an "
-             "event node) at every phase boundary inside it; the graph replayed behind a barrier, no L2 flush; a "
-             "call's time is mark to mark: the mean per call on rank 0 and over ranks; median_us is the median over "
-             "calls of the per-call max over ranks (as the api view's); pair_us is a whole replay / pairs (the graph "
-             "launch included); no host work is inside")
+GRAPH_AGG = ("--graph-calls dispatch + combine pairs captured back to back in one CUDA graph, each phase between two "
+             "timing marks (event nodes) and the api view's L2 flush captured before each, outside the marks; the "
+             "graph replayed behind a barrier; a call's time is mark to mark: the mean per call on rank 0 and over "
+             "ranks; median_us is the median over calls of the per-call max over ranks (as the api view's); no host "
+             "work and no launch are inside")
 POISON = 0xFF        # every byte of a replay's outputs before it runs: NaN in bf16 and e4m3, never a real row
 
 
@@ -95,11 +95,11 @@ def _done(event, wait_s: float) -> bool:
     return True
 
 
-def _capture(plan, calls: int):
-    """An eager pair first (JIT, buffer growth, low-latency parity); then `calls` pairs (dispatch, the between
-    step, combine) captured back to back in one graph, an external event node at every phase boundary (the
-    end of one pair's combine is the start of the next dispatch). Returns (graph, marks, last pair's dispatch,
-    its combine); earlier pairs' outputs are dropped during capture, so the graph's pool reuses them."""
+def _capture(plan, calls: int, lead):
+    """An eager pair first (JIT, buffer growth, low-latency parity); then `calls` pairs captured back to back
+    in one graph: lead() (the api view's L2 flush), a mark, the dispatch, a mark, the between step, lead(), a
+    mark, the combine, a mark (marks: external event nodes). Returns (graph, marks, last pair's dispatch, its
+    combine); earlier pairs' outputs are dropped during capture, so the graph's pool reuses them."""
     d = plan.dispatch()
     if plan.between:
         plan.between(d)
@@ -112,27 +112,26 @@ def _capture(plan, calls: int):
         marks[-1].record()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, capture_error_mode="thread_local"):
-        mark()
         for _ in range(calls):
+            lead()
+            mark()
             d_g = plan.dispatch()
             mark()
             if plan.between:
                 plan.between(d_g)
-                mark()
+            lead()
+            mark()
             y_g = plan.combine(d_g)
             mark()
     torch.cuda.synchronize()
     return g, marks, d_g, y_g
 
 
-def phase_spans(marks: list, calls: int, between: bool) -> tuple[list, list]:
-    """(dispatch, combine) (start, end) mark pairs of each captured pair: with a between step a pair holds
-    three marks after its start (dispatch end, between end, combine end), else two."""
-    step = 3 if between else 2
-    assert len(marks) == 1 + step * calls, (len(marks), step, calls)
-    d = [(marks[i * step], marks[i * step + 1]) for i in range(calls)]
-    c = [(marks[i * step + step - 1], marks[i * step + step]) for i in range(calls)]
-    return d, c
+def phase_spans(marks: list) -> dict:
+    """The (start, end) marks of each captured call, by phase: every pair holds four marks, dispatch
+    start and end, combine start and end."""
+    assert len(marks) % 4 == 0, len(marks)
+    return {"dispatch": list(zip(marks[0::4], marks[1::4])), "combine": list(zip(marks[2::4], marks[3::4]))}
 
 
 def graph(timer: Timer, plan, iters: int, rank: int, check, wait_s: float, calls: int = GRAPH_CALLS) -> dict:
@@ -146,7 +145,7 @@ def graph(timer: Timer, plan, iters: int, rank: int, check, wait_s: float, calls
         return both(none(plan))
     err, group = "", timer.group
     try:
-        g, marks, d_g, y_g = _capture(plan, calls)
+        g, marks, d_g, y_g = _capture(plan, calls, timer.lead)
     except Exception as e:  # noqa: BLE001 - a call that cannot be captured is a view that does not exist
         err = f"capture failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
     err = agree_error(err, group)
@@ -166,28 +165,22 @@ def graph(timer: Timer, plan, iters: int, rank: int, check, wait_s: float, calls
     bad = agree_error(bad, group)
     if bad:
         return both({"fail": f"replayed {bad}"})
-    spans = phase_spans(marks, calls, plan.between is not None)
-    us = {"dispatch": [], "combine": []}
-    pair_us = []
-    new = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+    spans, us = phase_spans(marks), {"dispatch": [], "combine": []}
     for _ in range(-(-max(iters, 1) // calls)):
         timer.barrier()
-        start, end = new(), new()
-        start.record()
         g.replay()
         end.record()
         if not _done(end, wait_s):
             return both({"fail": f"a replay of {calls} pairs did not finish within {wait_s:.0f} s (hang)"})
-        pair_us.append(start.elapsed_time(end) * 1e3 / calls)
-        for phase, span in zip(us, spans):
-            us[phase] += [a.elapsed_time(b) * 1e3 for a, b in span]
-    pair = statistics.median(timer.agree_max(pair_us))
-    return {p: _graph_view(timer, us[p], rank, plan.mode, calls, pair) for p in us}
+        for phase in us:
+            us[phase] += [a.elapsed_time(b) * 1e3 for a, b in spans[phase]]
+    flushed = timer.flush_buf is not None
+    return {p: _graph_view(timer, us[p], rank, plan.mode, calls, flushed) for p in us}
 
 
-def _graph_view(timer: Timer, us: list[float], rank: int, mode: str, calls: int, pair_us: float) -> dict:
+def _graph_view(timer: Timer, us: list[float], rank: int, mode: str, calls: int, flushed: bool) -> dict:
     per_call = timer.agree_max(us)
     r0, mx = _per_rank(timer, statistics.fmean(us), rank)
     return {"us": r0, "max_over_ranks_us": mx, "median_us": statistics.median(per_call),
             "samples_us": [round(x, 3) for x in per_call], "calls": len(us), "calls_per_graph": calls,
-            "pair_us": pair_us, "mode": mode, "aggregation": GRAPH_AGG}
+            "l2_flush": flushed, "mode": mode, "aggregation": GRAPH_AGG}
