@@ -6,7 +6,7 @@
 # 0.4.1). Builds land in .ext/deepep-builds (ignored: kept while the machine stays warm). On the device:
 #   MOEBENCH_GIT_SHA=<sha> bash bench/issue27_run.sh build gpu wait pack ep1 check-no
 #   MOEBENCH_GIT_SHA=<sha> bash bench/issue27_run.sh unpack check-yes shared megatron      (carry .ext/deepep-pack too)
-#   CALLS="1 4 16" bash bench/issue27_run.sh ep1 unpack repair graph-shared tier            (issue 26's graph view)
+#   CALLS="1 4 16" FLUSH="flush noflush" bash bench/issue27_run.sh ep1 unpack repair graph-shared tier  (issue 26)
 # `build` starts the two builds in the background (the GPU steps after it run meanwhile), `wait` waits for
 # them. Every step has its own timeout; a step that fails is logged and the next one runs.
 set -uo pipefail
@@ -52,12 +52,13 @@ hybridep)
 timing)
   step "pytest -m gpu tests/test_timing.py on a quiet host (call 1 ran it beside the builds)"
   (export PYTHONPATH=$BASE; timeout 120 python3 -m pytest -q -m gpu tests/test_timing.py -p no:cacheprovider 2>&1 | tail -3) ;;
-ep1)      # CALLS: the --graph-calls values to time, side by side (issue 26)
-  for calls in ${CALLS:-4}; do for dt in bf16 fp8; do
-    step "alltoall EP 1 $dt, all views (graph: the cached calls captured, $calls pairs per graph)"
+ep1)      # CALLS: the --graph-calls values, FLUSH: flush and/or noflush (--no-flush-l2), side by side (issue 26)
+  for fl in ${FLUSH:-flush}; do for calls in ${CALLS:-4}; do for dt in bf16 fp8; do
+    step "alltoall EP 1 $dt, all views (graph: the cached calls captured, $calls pairs per graph), $fl"
     $D --ep 1 --device cuda --backend alltoall --dtype $dt --profile --graph-calls $calls \
-      --out "$OUT/${EP1_OUT:-ep1-graph-h200.jsonl}" 2>&1 | grep -E "^(alltoall|backend|# )" | cut -c1-260
-  done; done ;;
+      $([ "$fl" = noflush ] && echo --no-flush-l2) --out "$OUT/${EP1_OUT:-ep1-graph-h200.jsonl}" 2>&1 \
+      | grep -E "^(alltoall|backend|# )" | cut -c1-260
+  done; done; done ;;
 graph-shared)
   use $YES; J=$OUT/${SHARED_OUT:-graph-shared-gpu-h200.jsonl}
   step "deepep-ll EP 2, 2 ranks on one GPU (T 128, H 7168, K 8, E 256): the graph view holds 4 LL pairs"
