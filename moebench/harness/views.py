@@ -42,12 +42,18 @@ def _per_rank(timer: Timer, value: float, rank: int, *more: float) -> list[float
 
 
 def cached(timer: Timer, fn, iters: int, warmup_ms: float, rank: int) -> dict:
+    """The cached view; on CUDA also the cached call's own kernels (rank 0's; what the graph view replays)."""
     timer.warmup(fn, warmup_ms)
     times = timer.queued(fn, max(iters, 2) + 1)[1:]
     r0, mx = _per_rank(timer, statistics.fmean(times) * 1e6, rank)
     per_iter = timer.agree_max([t * 1e6 for t in times])       # for A/B verdicts on this view (report, flags)
-    return {"mean_us": r0, "max_over_ranks_us": mx, "iters": len(times), "samples_us": [round(x, 3) for x in per_iter],
-            "aggregation": CACHED_AGG}
+    out = {"mean_us": r0, "max_over_ranks_us": mx, "iters": len(times), "samples_us": [round(x, 3) for x in per_iter],
+           "aggregation": CACHED_AGG}
+    if timer.cuda:
+        rows = profile(fn, timer)
+        out["kernel_sum_us"] = _per_rank(timer, sum(r["us_per_iter"] for r in rows), rank)[0]
+        out["kernels"] = rows[:8]
+    return out
 
 
 def comm_kernel_us(rows: list[dict], names: tuple[str, ...]) -> tuple[float, list[str]]:
