@@ -73,3 +73,45 @@ def test_launch_hides_behind_the_flush_only_when_there_is_one():
     assert hidden.launch.startswith("behind") and exposed.launch.startswith("exposed")
     facts = (flush_us, queue_us, spin, hidden.median_us, exposed.median_us)
     assert exposed.median_us >= spin and hidden.median_us <= exposed.median_us - spin / 2, facts
+
+
+class _Ev:
+    """A torch.profiler FunctionEvent as _device_rows reads it."""
+    def __init__(self, name, device=False, us=0.0, kernels=(), children=()):
+        self.name, self.is_async, self.kernels, self.cpu_children = name, False, list(kernels), list(children)
+        self.device_type = torch.autograd.DeviceType.CUDA if device else torch.autograd.DeviceType.CPU
+        self.time_range = type("R", (), {"elapsed_us": lambda _self: us})()
+
+
+def test_device_rows_leave_out_the_kernels_under_the_flush_range():
+    """Two profiled calls, each behind a flush whose reduce kernel the call itself also launches once: the rows
+    keep the call's kernels (its own reduce included) and drop exactly the flush's."""
+    from collections import namedtuple
+    K = namedtuple("K", "name device duration")
+    events = []
+    for _ in range(2):
+        amax = _Ev("aten::amax", kernels=[K("reduce", 0, 90.0)])
+        events += [_Ev(timing.FLUSH_RANGE, children=[amax]), amax, _Ev("reduce", True, 90.0),
+                   _Ev("copy", True, 10.0), _Ev("reduce", True, 4.0)]
+    rows = {r["kernel"]: r for r in timing._device_rows(events, 2)}
+    assert rows["copy"] == {"kernel": "copy", "calls_per_iter": 1.0, "us_per_iter": 10.0}
+    assert rows["reduce"]["calls_per_iter"] == 1.0 and rows["reduce"]["us_per_iter"] == pytest.approx(4.0)
+    assert set(rows) == {"copy", "reduce"}
+    no_flush = timing._device_rows([e for e in events if e.name not in (timing.FLUSH_RANGE, "aten::amax")], 2)
+    assert {r["kernel"]: r["calls_per_iter"] for r in no_flush} == {"copy": 1.0, "reduce": 2.0}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_flushed_profile_is_the_call_alone_on_a_cold_l2():
+    """kernel_profile with lead: the call's kernel once per call, none of the flush's, and slower than back to
+    back when its 16 MiB fit in L2 (the flush evicts them, as the api, cached and graph views do)."""
+    x = torch.ones(4 << 20, device="cuda")
+    timer = timing.Timer(torch.device("cuda"))
+    fn = lambda: x.mul_(1.0)  # noqa: E731
+    flush = {r["kernel"] for r in timing.kernel_profile(timer.lead, True, top=0)}
+    warm = timing.kernel_profile(fn, True, top=0)
+    cold = timing.kernel_profile(fn, True, top=0, lead=timer.lead)
+    assert [r["kernel"] for r in cold] == [r["kernel"] for r in warm] and not flush & {r["kernel"] for r in cold}
+    assert all(r["calls_per_iter"] == 1.0 for r in cold), cold
+    assert cold[0]["us_per_iter"] > warm[0]["us_per_iter"], (cold, warm)

@@ -171,29 +171,53 @@ def write_trace(timer: Timer, fn, path: str, n: int = 4) -> None:
     prof.export_chrome_trace(path)
 
 
-def kernel_profile(fn, cuda: bool, n: int = 5, top: int = 8) -> list[dict]:
+FLUSH_RANGE = "moebench.l2_flush"     # the profiler range around a profiled call's L2 flush
+
+
+def kernel_profile(fn, cuda: bool, n: int = 5, top: int = 8, lead=None) -> list[dict]:
     """The op's own pieces, under torch.profiler: per GPU kernel (CUDA) or per top-level torch op
     (CPU), calls and microseconds per call of fn, largest first (the `top` largest; 0: all). fn runs
     once more untimed before the n profiled calls; on several ranks every rank must call this (fn
-    may hold collectives)."""
-    from torch.profiler import ProfilerActivity, profile
+    may hold collectives). `lead` (CUDA; Timer.lead, the L2 flush) runs before every profiled call,
+    as the api and cached views run it, and its kernels are left out of the rows."""
+    from torch.profiler import ProfilerActivity, profile, record_function
     fn()
     if cuda:
         torch.cuda.synchronize()
-    acts = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    acts = [ProfilerActivity.CUDA] + [ProfilerActivity.CPU] * (lead is not None or not cuda)
     with profile(activities=acts) as prof:
         for _ in range(n):
+            if lead is not None:
+                with record_function(FLUSH_RANGE):
+                    lead()
             fn()
         if cuda:
             torch.cuda.synchronize()
-    rows = []
-    for ev in prof.key_averages():
-        us = ((getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)) if cuda
-              else ev.self_cpu_time_total)
-        if us and ev.count:
-            rows.append({"kernel": ev.key[:80], "calls_per_iter": ev.count / n, "us_per_iter": us / n})
+    if not cuda:
+        rows = [{"kernel": ev.key[:80], "calls_per_iter": ev.count / n, "us_per_iter": ev.self_cpu_time_total / n}
+                for ev in prof.key_averages() if ev.self_cpu_time_total and ev.count]
+    else:
+        rows = _device_rows(prof.events(), n)
     rows.sort(key=lambda r: -r["us_per_iter"])
     return rows[:top] if top else rows
+
+
+def _device_rows(events, n: int) -> list[dict]:
+    """Per kernel name: calls and device us per call, less the kernels launched inside FLUSH_RANGE."""
+    calls, us = {}, {}
+    for ev in events:
+        if ev.device_type != torch.autograd.DeviceType.CPU and not ev.is_async:
+            calls[ev.name] = calls.get(ev.name, 0) + 1
+            us[ev.name] = us.get(ev.name, 0.0) + ev.time_range.elapsed_us()
+    todo = [ev for ev in events if ev.name == FLUSH_RANGE]
+    while todo:                                   # the flush range and every op under it
+        ev = todo.pop()
+        todo += ev.cpu_children
+        for k in ev.kernels:
+            calls[k.name] -= 1
+            us[k.name] -= k.duration
+    return [{"kernel": name[:80], "calls_per_iter": calls[name] / n, "us_per_iter": us[name] / n}
+            for name in us if calls[name] > 0 and us[name] > 0]
 
 
 def measure_alltoall(timer, group, device, bytes_per_rank: int, iters: int = 20, warmup_ms: float = 50):

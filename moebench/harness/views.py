@@ -42,7 +42,8 @@ def _per_rank(timer: Timer, value: float, rank: int, *more: float) -> list[float
 
 
 def cached(timer: Timer, fn, iters: int, warmup_ms: float, rank: int) -> dict:
-    """The cached view; on CUDA also the cached call's own kernels (rank 0's; what the graph view replays)."""
+    """The cached view; on CUDA also the cached call's own kernels, each call behind the L2 flush as timed here
+    (rank 0's; what the graph view replays, and the floor of both)."""
     timer.warmup(fn, warmup_ms)
     times = timer.queued(fn, max(iters, 2) + 1)[1:]
     r0, mx = _per_rank(timer, statistics.fmean(times) * 1e6, rank)
@@ -50,7 +51,7 @@ def cached(timer: Timer, fn, iters: int, warmup_ms: float, rank: int) -> dict:
     out = {"mean_us": r0, "max_over_ranks_us": mx, "iters": len(times), "samples_us": [round(x, 3) for x in per_iter],
            "aggregation": CACHED_AGG}
     if timer.cuda:
-        rows = profile(fn, timer)
+        rows = profile(fn, timer, flushed=True)
         out["kernel_sum_us"] = _per_rank(timer, sum(r["us_per_iter"] for r in rows), rank)[0]
         out["kernels"] = rows[:8]
     return out
@@ -71,9 +72,11 @@ def kernel(timer: Timer, rows: list[dict], names: tuple[str, ...], rank: int) ->
     return {"us": r0, "max_over_ranks_us": mx, "kernels": hit, "aggregation": KERNEL_AGG}
 
 
-def profile(fn, timer: Timer) -> list[dict]:
-    """Every kernel of the call (timing.kernel_profile, untruncated)."""
-    return kernel_profile(fn, timer.cuda, top=0)
+def profile(fn, timer: Timer, flushed: bool = False) -> list[dict]:
+    """Every kernel of the call (timing.kernel_profile, untruncated): calls back to back, or (flushed) each
+    behind the timer's L2 flush as the api, cached and graph views time it."""
+    lead = timer.lead if (flushed and timer.flush_buf is not None) else None
+    return kernel_profile(fn, timer.cuda, top=0, lead=lead)
 
 
 def host_split(median_us: float, rows: list[dict]) -> dict:
