@@ -77,21 +77,23 @@ def test_launch_hides_behind_the_flush_only_when_there_is_one():
 
 class _Ev:
     """A torch.profiler FunctionEvent as _device_rows reads it."""
-    def __init__(self, name, device=False, us=0.0, kernels=(), children=()):
+    def __init__(self, name, device=False, us=0.0, kernels=(), children=(), activity=None):
         self.name, self.is_async, self.kernels, self.cpu_children = name, False, list(kernels), list(children)
+        self.is_user_annotation, self.activity_type = False, activity
         self.device_type = torch.autograd.DeviceType.CUDA if device else torch.autograd.DeviceType.CPU
         self.time_range = type("R", (), {"elapsed_us": lambda _self: us})()
 
 
 def test_device_rows_leave_out_the_kernels_under_the_flush_range():
     """Two profiled calls, each behind a flush whose reduce kernel the call itself also launches once: the rows
-    keep the call's kernels (its own reduce included) and drop exactly the flush's."""
+    keep the call's kernels (its own reduce included) and drop exactly the flush's, and the range's GPU span."""
     from collections import namedtuple
     K = namedtuple("K", "name device duration")
     events = []
     for _ in range(2):
         amax = _Ev("aten::amax", kernels=[K("reduce", 0, 90.0)])
         events += [_Ev(timing.FLUSH_RANGE, children=[amax]), amax, _Ev("reduce", True, 90.0),
+                   _Ev(timing.FLUSH_RANGE, True, 91.0, activity="gpu_user_annotation"),   # the range's GPU span
                    _Ev("copy", True, 10.0), _Ev("reduce", True, 4.0)]
     rows = {r["kernel"]: r for r in timing._device_rows(events, 2)}
     assert rows["copy"] == {"kernel": "copy", "calls_per_iter": 1.0, "us_per_iter": 10.0}
