@@ -79,7 +79,8 @@ class _Ev:
     """A torch.profiler FunctionEvent as _device_rows reads it."""
     def __init__(self, name, device=False, us=0.0, kernels=(), children=(), activity=None):
         self.name, self.is_async, self.kernels, self.cpu_children = name, False, list(kernels), list(children)
-        self.is_user_annotation, self.activity_type = False, activity
+        if activity:              # torch 2.13 names the activity; 2.11 FunctionEvents have no such field
+            self.activity_type = activity
         self.device_type = torch.autograd.DeviceType.CUDA if device else torch.autograd.DeviceType.CPU
         self.time_range = type("R", (), {"elapsed_us": lambda _self: us})()
 
@@ -93,7 +94,8 @@ def test_device_rows_leave_out_the_kernels_under_the_flush_range():
     for _ in range(2):
         amax = _Ev("aten::amax", kernels=[K("reduce", 0, 90.0)])
         events += [_Ev(timing.FLUSH_RANGE, children=[amax]), amax, _Ev("reduce", True, 90.0),
-                   _Ev(timing.FLUSH_RANGE, True, 91.0, activity="gpu_user_annotation"),   # the range's GPU span
+                   _Ev(timing.FLUSH_RANGE, True, 91.0),                          # the range's GPU span
+                   _Ev("user.range", True, 7.0, activity="gpu_user_annotation"),  # another range's, newer torch
                    _Ev("copy", True, 10.0), _Ev("reduce", True, 4.0)]
     rows = {r["kernel"]: r for r in timing._device_rows(events, 2)}
     assert rows["copy"] == {"kernel": "copy", "calls_per_iter": 1.0, "us_per_iter": 10.0}

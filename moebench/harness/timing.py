@@ -204,11 +204,14 @@ def kernel_profile(fn, cuda: bool, n: int = 5, top: int = 8, lead=None) -> list[
 
 def _device_rows(events, n: int) -> list[dict]:
     """Per kernel name: calls and device us per call, less the kernels launched inside FLUSH_RANGE. A range's
-    own device-side span (kineto's gpu_user_annotation) is no kernel."""
+    own device-side span (kineto's gpu_user_annotation, named like the range) is no kernel; torch 2.11
+    has no activity_type, so the range names come from the host side too."""
+    cpu = torch.autograd.DeviceType.CPU
+    ranges = {FLUSH_RANGE} | {ev.name for ev in events if ev.device_type == cpu and getattr(ev, "is_user_annotation", False)}
     calls, us = {}, {}
     for ev in events:
-        ranged = ev.is_user_annotation or "annotation" in (ev.activity_type or "")
-        if ev.device_type != torch.autograd.DeviceType.CPU and not ev.is_async and not ranged:
+        ranged = ev.name in ranges or "annotation" in (getattr(ev, "activity_type", None) or "")
+        if ev.device_type != cpu and not ev.is_async and not ranged:
             calls[ev.name] = calls.get(ev.name, 0) + 1
             us[ev.name] = us.get(ev.name, 0.0) + ev.time_range.elapsed_us()
     todo = [ev for ev in events if ev.name == FLUSH_RANGE]
