@@ -108,7 +108,7 @@ def _capture(plan, calls: int, lead):
     """An eager pair first (JIT, buffer growth, low-latency parity); then `calls` pairs captured back to back
     in one graph: lead() (the api view's L2 flush), a mark, the dispatch, a mark, the between step, lead(), a
     mark, the combine, a mark (marks: external event nodes). Returns (graph, marks, last pair's dispatch, its
-    combine); earlier pairs' outputs are dropped during capture, so the graph's pool reuses them."""
+    combine); earlier pairs' outputs are dropped during capture, so the graph's pool can reuse them."""
     d = plan.dispatch()
     if plan.between:
         plan.between(d)
