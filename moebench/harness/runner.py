@@ -34,7 +34,6 @@ class CheckFailed(Exception):
 
 WAIVED = "WAIVED: "
 PAYLOAD_OF = {"dispatch": "dispatch", "combine": "combine"}  # phase -> bytes it moves
-KERNEL_ROWS = 8      # the largest kernels of each phase kept in the record
 NOT_ASKED = "not asked for (--views leaves {} out)"
 SHARED_NOTE = ("EP ranks are processes sharing GPUs (gloo group, CUDA IPC on one device); their kernels "
                "time-slice, so times are functional only, never performance figures")
@@ -121,7 +120,7 @@ def _time(b, out, timer, ctx, spec: RunSpec, payload, idx, wt, s, d, y) -> None:
         v = out.setdefault("views", {})[phase] = {"api": {"median_us": st.median_us, "aggregation": views.API_AGG}}
         rows = views.profile(fn, timer) if (timer.cuda or spec.profile) else None
         if rows is not None:
-            out.setdefault("kernels", {})[phase] = rows[:KERNEL_ROWS]
+            out.setdefault("kernels", {})[phase] = rows[:views.KERNEL_ROWS]
             if timer.cuda:
                 out["phases"][phase].update(views.host_split(st.median_us, rows))
         if phase not in PHASES:

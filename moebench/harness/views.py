@@ -25,6 +25,7 @@ import torch
 from .timing import Timer, agree_error, kernel_profile
 
 VIEWS = ("api", "cached", "kernel", "graph")
+KERNEL_ROWS = 8      # the largest kernels of a phase (or of its cached call) kept in the record
 CACHED_AGG = "mean of back-to-back calls after the first (DeepEP tests/utils.py bench); rank 0 and max over ranks"
 KERNEL_AGG = ("device time of the communication kernels per call, mean over profiled calls (DeepEP "
               "bench_kineto); rank 0 and max over ranks")
@@ -53,7 +54,7 @@ def cached(timer: Timer, fn, iters: int, warmup_ms: float, rank: int) -> dict:
     if timer.cuda:
         rows = profile(fn, timer, flushed=True)
         out["kernel_sum_us"] = _per_rank(timer, sum(r["us_per_iter"] for r in rows), rank)[0]
-        out["kernels"] = rows[:8]
+        out["kernels"] = rows[:KERNEL_ROWS]
     return out
 
 
