@@ -239,7 +239,7 @@ def run_shape(shape, a, timer, copy_GBps, device, prov, cmd, where=""):
                 st = measure(timer, fn, a)
                 med = st.median_us
                 nbytes = unique_bytes(op, T, H, R, case)
-                rec.update(timing=dict(st.asdict(), l2_flush=timer.flush_buf is not None),
+                rec.update(timing=dict(st.asdict(), l2_flush=timer.flushes),
                            bytes=nbytes, GBps=round(nbytes / med / 1e3, 1),
                            frac_of_copy=round(nbytes / med / 1e3 / copy_GBps, 3))
                 if a.profile and timer.cuda:
@@ -329,7 +329,7 @@ def main(argv=None) -> int:
     prov = dict(prov, **{k: round(v, 1) for k, v in bw.items()})
     print(f"# device {prov.get('gpu') or 'cpu'}; D2D copy {copy_GBps:.0f} GB/s (read + write), "
           f"write-only {bw['write_GBps']:.0f}, read-only {bw['read_GBps']:.0f}; median of "
-          f"{a.iters}, L2 flush {'on' if timer.flush_buf is not None else 'off'}")
+          f"{a.iters}, L2 flush {'on' if timer.flushes else 'off'}")
     recs = []
     try:
         for n, shape in enumerate(shapes):

@@ -75,17 +75,22 @@ class Timer:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
+    @property
+    def flushes(self) -> bool:
+        """Whether an L2 flush runs before each timed call (CUDA, unless --no-flush-l2)."""
+        return self.flush_buf is not None
+
     def lead(self) -> None:
         """Queue the L2 flush (a read-only one: no dirty lines to write back while timed); the host
         goes on to launch the timed call while the GPU runs it."""
-        if self.flush_buf is not None:
+        if self.flushes:
             self.flush_buf.amax()
 
     @property
     def launch(self) -> str:
         if not self.cuda:
             return ""
-        return ("behind the L2 flush (the host launches while the GPU flushes)" if self.flush_buf is not None
+        return ("behind the L2 flush (the host launches while the GPU flushes)" if self.flushes
                 else "exposed (no L2 flush to queue behind)")
 
     def once(self, fn) -> float:

@@ -76,7 +76,7 @@ def kernel(timer: Timer, rows: list[dict], names: tuple[str, ...], rank: int) ->
 def profile(fn, timer: Timer, flushed: bool = False) -> list[dict]:
     """Every kernel of the call (timing.kernel_profile, untruncated): calls back to back, or (flushed) each
     behind the timer's L2 flush as the api, cached and graph views time it."""
-    lead = timer.lead if (flushed and timer.flush_buf is not None) else None
+    lead = timer.lead if (flushed and timer.flushes) else None
     return kernel_profile(fn, timer.cuda, top=0, lead=lead)
 
 
@@ -184,8 +184,7 @@ def graph(timer: Timer, plan, iters: int, rank: int, check, wait_s: float, calls
             return both({"fail": f"a replay of {calls} pairs did not finish within {wait_s:.0f} s (hang)"})
         for phase in us:
             us[phase] += [a.elapsed_time(b) * 1e3 for a, b in spans[phase]]
-    flushed = timer.flush_buf is not None
-    return {p: _graph_view(timer, us[p], rank, plan.mode, calls, flushed) for p in us}
+    return {p: _graph_view(timer, us[p], rank, plan.mode, calls, timer.flushes) for p in us}
 
 
 def _graph_view(timer: Timer, us: list[float], rank: int, mode: str, calls: int, flushed: bool) -> dict:
