@@ -6,7 +6,7 @@
 # 0.4.1). Builds land in .ext/deepep-builds (ignored: kept while the machine stays warm). On the device:
 #   MOEBENCH_GIT_SHA=<sha> bash bench/issue27_run.sh build gpu wait pack ep1 check-no
 #   MOEBENCH_GIT_SHA=<sha> bash bench/issue27_run.sh unpack check-yes shared megatron      (carry .ext/deepep-pack too)
-#   CALLS="1 4 16" FLUSH="flush noflush" bash bench/issue27_run.sh ep1 unpack repair graph-shared tier  (issue 26)
+#   CALLS="1 4 16" FLUSH="flush noflush" bash bench/issue27_run.sh ep1 floor unpack repair graph-shared tier  (issue 26)
 # `build` starts the two builds in the background (the GPU steps after it run meanwhile), `wait` waits for
 # them. Every step has its own timeout; a step that fails is logged and the next one runs.
 set -uo pipefail
@@ -59,6 +59,9 @@ ep1)      # CALLS: the --graph-calls values, FLUSH: flush and/or noflush (--no-f
       $([ "$fl" = noflush ] && echo --no-flush-l2) --out "$OUT/${EP1_OUT:-ep1-graph-h200.jsonl}" 2>&1 \
       | grep -E "^(alltoall|backend|# )" | cut -c1-260
   done; done; done ;;
+floor)    # the graph view's own floor: n copy kernels mark to mark in a graph vs their kernel sum (issue 26)
+  step "bench/graph_floor.py: graph vs kernel sum for chains of 1-4 kernels"
+  (export PYTHONPATH=$BASE; timeout 200 python3 bench/graph_floor.py 32 "$OUT/${FLOOR_OUT:-graph-floor-h200.jsonl}") ;;
 graph-shared)
   use $YES; J=$OUT/${SHARED_OUT:-graph-shared-gpu-h200.jsonl}
   step "deepep-ll EP 2, 2 ranks on one GPU (T 128, H 7168, K 8, E 256): the graph view holds 4 LL pairs"
