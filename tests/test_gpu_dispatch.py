@@ -51,7 +51,8 @@ def test_no_view_is_faster_than_the_kernels_it_must_contain(tmp_path, dtype):
         assert cached["mean_us"] >= 0.95 * ksum and graph["median_us"] >= 0.95 * ksum, (r["phase"], ksum, cached, graph)
         cold = cached["kernel_sum_us"]             # the cached call's kernels, each behind the L2 flush
         assert cached["mean_us"] >= 0.95 * cold and graph["median_us"] >= 0.95 * cold, (r["phase"], cold, graph)
-        assert r["timing"]["api_minus_graph_us"] == pytest.approx(r["timing"]["median_us"] - graph["median_us"])
+        api_graph = r["timing"]["median_us"] - graph["median_us"]
+        assert r["timing"]["api_minus_graph_us"] == pytest.approx(api_graph, abs=1e-3)
 
 
 @pytest.mark.gpu

@@ -157,7 +157,9 @@ def _graph(b, out, timer, ctx, spec: RunSpec, payload, idx, wt, s, d, y) -> None
     for phase in PHASES:
         out["views"][phase]["graph"] = g[phase]
         if g[phase].get("median_us") is not None:
-            out["phases"][phase]["api_minus_graph_us"] = out["phases"][phase]["median_us"] - g[phase]["median_us"]
+            # to the nanosecond: two equal medians read 0, not float noise such as 1.4e-14
+            api = out["phases"][phase]["median_us"]
+            out["phases"][phase]["api_minus_graph_us"] = round(api - g[phase]["median_us"], 3)
     if "fail" in g["dispatch"]:
         out["graph_fail"] = f"graph view: {g['dispatch']['fail']}"
 
