@@ -1,8 +1,9 @@
 """The graph view's own floor on one GPU: what a phase of n kernels costs mark to mark inside a CUDA graph
-over the sum of its kernels, with the graph view's structure (the L2 flush, a mark, the kernels, a mark;
-views._capture) and the kernel sum the way the cached view's record takes it (timing.kernel_profile behind
-the flush). The phase is n device copies of MB megabytes each (1 x 32 MB is a one-kernel combine, 3 a
-route + route + permute dispatch); `mixed` is two 64 KB copies then one MB copy, the fp8 dispatch's shape.
+over the sum of its kernels. The chain is timed by the graph view itself (views.graph: pairs captured in one
+graph, the L2 flush before each phase, mark to mark; the chain stands in for both the dispatch and the combine)
+and its kernel sum is taken as the cached view's record takes it (timing.kernel_profile behind the flush). The
+phase is n device copies of MB megabytes each (1 x 32 MB is a one-kernel combine, 3 a route + route + permute
+dispatch); `mixed` is two 64 KB copies then one MB copy, the fp8 dispatch's shape.
 
     PYTHONPATH=. python bench/graph_floor.py [MB [OUT.jsonl]]     (from the repo root, one GPU)
 Prints one line per chain: graph us, kernel-sum us, their difference and ratio; with OUT, one JSON record
@@ -11,51 +12,40 @@ per chain with provenance.
 import json
 import statistics
 import sys
+from types import SimpleNamespace
 
 import torch
 
+from moebench.backends.base import GraphPlan
+from moebench.harness import views
 from moebench.harness.timing import Timer, kernel_profile
 from moebench.records.provenance import provenance
 
 MB = int(sys.argv[1]) if len(sys.argv) > 1 else 32
 OUT = sys.argv[2] if len(sys.argv) > 2 else None
-CALLS, REPLAYS = 4, 25
+CALLS, ITERS = 4, 100                  # pairs per graph, timed calls per phase
 dev = torch.device("cuda")
 timer = Timer(dev)
 
 
 def chain(sizes_bytes: list[int]):
-    """A phase: one copy kernel per size, each from its own source into its own destination."""
+    """A phase: one copy kernel per size, each from its own source into its own destination; returns the
+    last destination."""
     bufs = [(torch.ones(n // 4, device=dev), torch.empty(n // 4, device=dev)) for n in sizes_bytes]
 
     def fn():
         for src, dst in bufs:
             dst.copy_(src)
+        return bufs[-1][1]
     return fn
 
 
 def graph_us(fn) -> list[float]:
-    """Per call mark to mark, CALLS calls captured per graph behind the flush, as the graph view times."""
-    fn()
-    torch.cuda.synchronize()
-    marks = []
-
-    def mark():
-        marks.append(torch.cuda.Event(enable_timing=True, external=True))
-        marks[-1].record()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(CALLS):
-            timer.lead()
-            mark()
-            fn()
-            mark()
-    us = []
-    for _ in range(REPLAYS):
-        g.replay()
-        torch.cuda.synchronize()
-        us += [a.elapsed_time(b) * 1e3 for a, b in zip(marks[0::2], marks[1::2])]
-    return us
+    """The chain's per-call samples from the graph view, in the dispatch's place and in the combine's."""
+    plan = GraphPlan(mode="copy chain", dispatch=lambda: SimpleNamespace(x_RH=fn()), combine=lambda d: fn())
+    g = views.graph(timer, plan, ITERS, 0, check=lambda d, y: "", wait_s=60, calls=CALLS)
+    assert "samples_us" in g["dispatch"], g
+    return g["dispatch"]["samples_us"] + g["combine"]["samples_us"]
 
 
 big = MB << 20
@@ -72,4 +62,4 @@ for name, sizes in cases.items():
         with open(OUT, "a") as f:
             f.write(json.dumps({"tool": "graph_floor", "case": name, "kernels": len(sizes), "bytes": sizes,
                                 "graph_median_us": g, "kernel_sum_us": k, "calls_per_graph": CALLS,
-                                "replays": REPLAYS, "kernel_rows": rows, "provenance": prov}) + "\n")
+                                "calls_per_phase": ITERS, "kernel_rows": rows, "provenance": prov}) + "\n")
