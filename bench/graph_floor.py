@@ -2,7 +2,7 @@
 over the sum of its kernels. The chain is timed by the graph view itself (views.graph: pairs captured in one
 graph, the L2 flush before each phase, mark to mark; the chain stands in for both the dispatch and the combine)
 and its kernel sum is taken as the cached view's record takes it (timing.kernel_profile behind the flush). The
-phase is n device copies of MB megabytes each (1 x 32 MB is a one-kernel combine, 3 a route + route + permute
+phase is n kernels that each copy MB megabytes (negated) (1 x 32 MB is a one-kernel combine, 3 a route + route + permute
 dispatch); `mixed` is two 64 KB copies then one MB copy, the fp8 dispatch's shape.
 
     PYTHONPATH=. python bench/graph_floor.py [MB [OUT.jsonl]]     (from the repo root, one GPU)
@@ -29,13 +29,13 @@ timer = Timer(dev)
 
 
 def chain(sizes_bytes: list[int]):
-    """A phase: one copy kernel per size, each from its own source into its own destination; returns the
-    last destination."""
+    """A phase: one elementwise kernel per size (a negating copy: a plain copy_ would be a memcpy node, not a
+    kernel), each from its own source into its own destination; returns the last destination."""
     bufs = [(torch.ones(n // 4, device=dev), torch.empty(n // 4, device=dev)) for n in sizes_bytes]
 
     def fn():
         for src, dst in bufs:
-            dst.copy_(src)
+            torch.neg(src, out=dst)
         return bufs[-1][1]
     return fn
 
