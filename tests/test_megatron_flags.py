@@ -4,6 +4,7 @@ import json
 import pytest
 
 from moebench import megatron
+from moebench.megatron import ab
 from moebench.megatron import flags as F
 from moebench.megatron import tool
 from moebench.records import schema, writer
@@ -74,7 +75,7 @@ def test_flags_bad_input(bad):
 # ---------------------------------------------------------------- winner rules
 def test_clear_win_replaces_alltoall_and_takes_recorded_sms():
     recs = pair("alltoall", 500, 600) + pair("deepep", 300, 350, knobs={"num_sms": 24}) + pair("hybridep", 450, 500)
-    [d] = F.decisions_from_results(recs, "0.19.2")
+    [d] = ab.decisions_from_results(recs, "0.19.2")
     assert d["winner"] == "deepep" and d["family"] == "raw"
     assert "--moe-flex-dispatcher-num-sms" in d["flags"]["megatron_lm"]
     assert d["flags"]["megatron_lm"][-1] == "24"
@@ -86,7 +87,7 @@ def test_knob_sweep_best_setting_feeds_the_flags():
     sms = lambda n, d, c: [dict(r, sweep={"name": "t", "case": n, "knobs": {"num_sms": n, "env:NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API": 128}})
                            for r in pair("hybridep", d, c, knobs={"num_sms": n})]
     recs = pair("alltoall", 500, 600) + sms(8, 600, 700) + sms(32, 300, 320) + sms(48, 350, 330)
-    [d] = F.decisions_from_results(recs, "0.19.2")
+    [d] = ab.decisions_from_results(recs, "0.19.2")
     assert d["winner"] == "hybridep"
     assert d["flags"]["megatron_lm"][-2:] == ["--moe-flex-dispatcher-num-sms", "32"]
     assert d["flags"]["env"]["NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API"] == "128"
@@ -96,43 +97,43 @@ def test_knob_sweep_best_setting_feeds_the_flags():
 
 def test_tie_within_noise_keeps_alltoall():
     recs = pair("alltoall", 500, 600, spread=30) + pair("deepep", 480, 590, spread=30)
-    [d] = F.decisions_from_results(recs, "0.19.2")
+    [d] = ab.decisions_from_results(recs, "0.19.2")
     assert d["winner"] == "alltoall"
     assert d["flags"]["megatron_lm"] == ["--moe-token-dispatcher-type", "alltoall"]
     assert "within the measured noise" in d["reason"]
     # the same gain with tight measurements is a win
     recs = pair("alltoall", 500, 600, spread=2) + pair("deepep", 480, 590, spread=2)
-    assert F.decisions_from_results(recs, "0.19.2")[0]["winner"] == "deepep"
+    assert ab.decisions_from_results(recs, "0.19.2")[0]["winner"] == "deepep"
 
 
 def test_min_gain_threshold():
     recs = pair("alltoall", 500, 500, spread=1) + pair("deepep", 490, 490, spread=1)
-    assert F.decide(recs)["winner"] == "deepep"
-    d = F.decide(recs, min_gain=0.05)
+    assert ab.decide(recs)["winner"] == "deepep"
+    d = ab.decide(recs, min_gain=0.05)
     assert d["winner"] == "alltoall" and "below the required" in d["reason"]
 
 
 def test_missing_and_failed_candidates():
     recs = pair("alltoall", 500, 600) + pair("hybridep", 0, 0, status="FAIL", error="boom")
-    d = F.decide(recs)
+    d = ab.decide(recs)
     assert d["winner"] == "alltoall"
     assert "no matched A/B" in d["reason"] and "hybridep FAIL" in d["reason"]
     recs = pair("alltoall", 500, 600) + pair("deepep", 400, 400) + pair("hybridep", 0, 0, status="WAIVED")
-    d = F.decide(recs)
+    d = ab.decide(recs)
     c = {x["name"]: x for x in d["candidates"]}
     assert d["winner"] == "deepep" and not c["hybridep"]["wins"] and "WAIVED" in c["hybridep"]["why"]
     recs = pair("alltoall", 500, 600) + pair("hybridep", 400, 400)
-    c = {x["name"]: x for x in F.decide(recs)["candidates"]}
+    c = {x["name"]: x for x in ab.decide(recs)["candidates"]}
     assert c["deepep"]["status"] == "MISSING"
 
 
 def test_no_control_keeps_alltoall():
-    d = F.decide(pair("deepep", 100, 100))
+    d = ab.decide(pair("deepep", 100, 100))
     assert d["winner"] == "alltoall" and "no matched A/B" in d["reason"]
 
 
 def test_slower_candidate_loses():
-    d = F.decide(pair("alltoall", 300, 300) + pair("deepep", 400, 400))
+    d = ab.decide(pair("alltoall", 300, 300) + pair("deepep", 400, 400))
     assert d["winner"] == "alltoall" and "slower" in d["candidates"][0]["why"]
 
 
@@ -140,16 +141,16 @@ def test_mcore_family_preferred_and_not_mixed():
     # raw deepep wins big against raw alltoall, but the Megatron path (mcore-*) shows a tie: mcore decides
     recs = (pair("alltoall", 500, 500) + pair("deepep", 100, 100) + pair("mcore-alltoall", 600, 600, spread=50)
             + pair("mcore-deepep", 590, 590, spread=50))
-    d = F.decide(recs)
+    d = ab.decide(recs)
     assert d["family"] == "mcore" and d["winner"] == "alltoall" and d["control"]["name"] == "mcore-alltoall"
     # an mcore candidate is never compared with the raw control
     recs = pair("alltoall", 500, 500) + pair("mcore-deepep", 100, 100)
-    assert F.decide(recs)["winner"] == "alltoall"
+    assert ab.decide(recs)["winner"] == "alltoall"
 
 
 def test_incomplete_phases_are_not_eligible():
     recs = pair("alltoall", 500, 500) + [rec("deepep", "dispatch", 10)]
-    d = F.decide(recs)
+    d = ab.decide(recs)
     assert d["winner"] == "alltoall" and "deepep INCOMPLETE" in d["reason"]
 
 
@@ -157,18 +158,18 @@ def test_workloads_are_decided_separately():
     w2 = {**W, "routing": "zipf:1.2"}
     recs = (pair("alltoall", 500, 500) + pair("deepep", 100, 100)
             + pair("alltoall", 500, 500, workload=w2) + pair("deepep", 700, 700, workload=w2))
-    ds = F.decisions_from_results(recs, "0.16.1")
+    ds = ab.decisions_from_results(recs, "0.16.1")
     assert sorted((d["workload"]["routing"], d["winner"]) for d in ds) == [("uniform", "deepep"), ("zipf:1.2", "alltoall")]
 
 
 def test_hybridep_env_from_workload_or_record():
     recs = pair("alltoall", 500, 500) + pair("hybridep", 100, 100)
     w4 = {**W, "ep": 16, "gpus_per_node": 4}
-    assert F.decisions_from_results(recs, "0.19.2")[0]["flags"]["env"]["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] == "8"
+    assert ab.decisions_from_results(recs, "0.19.2")[0]["flags"]["env"]["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] == "8"
     recs4 = pair("alltoall", 500, 500, workload=w4) + pair("hybridep", 100, 100, workload=w4)
-    assert F.decisions_from_results(recs4, "0.19.2")[0]["flags"]["env"]["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] == "4"
+    assert ab.decisions_from_results(recs4, "0.19.2")[0]["flags"]["env"]["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] == "4"
     recs_env = pair("alltoall", 500, 500) + pair("hybridep", 100, 100, env={"NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "2"})
-    assert F.decisions_from_results(recs_env, "0.19.2")[0]["flags"]["env"]["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] == "2"
+    assert ab.decisions_from_results(recs_env, "0.19.2")[0]["flags"]["env"]["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] == "2"
 
 
 # ---------------------------------------------------------------- CLI

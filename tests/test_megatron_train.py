@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from moebench import megatron
-from moebench.megatron import tool
+from moebench.megatron import loop, tool
+from moebench.records.megatron import ENGINE_LOOP, LOOP_SCHEMA
 from moebench.megatron import train as T
 
 HAVE_MCORE = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
@@ -108,7 +109,7 @@ def test_candidate_must_match_control_first_loss():
     ctl = {"role": "control", "loss": {"first": 10.0}, "step_ms": {"steady_mean": 10.0}, "errors": [], "status": "PASS"}
     same = {"role": "candidate", "loss": {"first": 10.05}, "step_ms": {"steady_mean": 8.0}, "errors": [], "status": "PASS"}
     off = {"role": "candidate", "loss": {"first": 11.0}, "step_ms": {"steady_mean": 8.0}, "errors": [], "status": "PASS"}
-    tool._compare_to_control([ctl, same, off])
+    loop.compare_to_control([ctl, same, off])
     assert same["status"] == "PASS" and same["vs_control"]["step_time_ratio"] == pytest.approx(0.8)
     assert off["status"] == "FAIL" and "differs from the control" in off["errors"][0]
 
@@ -139,7 +140,7 @@ def test_validate_cpu_functional_run(ep, tmp_path, capsys):
     assert rc == 0 and r["status"] == "PASS", r.get("errors")
     assert "not a measurement" in text and "MoEAlltoAllTokenDispatcher x12" in text
     assert "CPU functional run (not a validation" in text and r["functional"] is True
-    assert r["schema"] == tool.VALIDATE_SCHEMA and r["world"] == ep and r["window"] == 6
+    assert r["schema"] == LOOP_SCHEMA and r["engine"] == ENGINE_LOOP and r["world"] == ep and r["window"] == 6
     assert [lay["token_dispatch_calls"] for lay in r["evidence"]["layers"]] == [12, 12]
     assert r["evidence"]["param_dtypes"] == ["torch.bfloat16"]     # CUDA's layer_norm refuses fp32 norm weights
     assert len(r["losses"]) == 12 and all(math.isfinite(x) for x in r["losses"])

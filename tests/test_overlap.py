@@ -7,7 +7,7 @@ import pytest
 from moebench.core.workload import WorkloadError
 from moebench.dispatch import main
 from moebench.harness import overlap
-from moebench.megatron import flags
+from moebench.megatron import ab
 from moebench.records.plots import overlap_series
 from moebench.report import main as report_main
 
@@ -58,27 +58,27 @@ def rec(name, phase, comm, exposed, gemm=1000.0, spread=5.0, sms=None, functiona
 
 def test_overlap_decision_hides_more_than_the_noise():
     recs = [rec("alltoall", "dispatch", 300, 40), rec("alltoall", "combine", 250, 30)]
-    v = flags.overlap_pays(recs, "alltoall")
+    v = ab.overlap_pays(recs, "alltoall")
     assert v["on"] and v["hidden_us"] == pytest.approx(480) and "hides 480.0 us" in v["why"]
 
 
 def test_overlap_decision_off_when_the_slowdown_eats_the_gain_or_within_noise():
-    eaten = flags.overlap_pays([rec("alltoall", "dispatch", 300, 320), rec("alltoall", "combine", 250, 260)], "alltoall")
+    eaten = ab.overlap_pays([rec("alltoall", "dispatch", 300, 320), rec("alltoall", "combine", 250, 260)], "alltoall")
     assert not eaten["on"] and "eats the gain" in eaten["why"]
-    noisy = flags.overlap_pays([rec("alltoall", "dispatch", 300, 295, spread=20),
+    noisy = ab.overlap_pays([rec("alltoall", "dispatch", 300, 295, spread=20),
                             rec("alltoall", "combine", 250, 245, spread=20)], "alltoall")
     assert not noisy["on"] and "within the noise" in noisy["why"]
-    missing = flags.overlap_pays([rec("alltoall", "dispatch", 300, 40)], "alltoall")
+    missing = ab.overlap_pays([rec("alltoall", "dispatch", 300, 40)], "alltoall")
     assert not missing["on"] and "--overlap gemm" in missing["why"]
 
 
 def test_megatron_flags_emit_overlap_only_when_measured_to_pay():
     pays = [rec("alltoall", "dispatch", 300, 40), rec("alltoall", "combine", 250, 30)]
-    d = flags.decisions_from_results(pays, "0.16.1", overlap=True)[0]
+    d = ab.decisions_from_results(pays, "0.16.1", overlap=True)[0]
     assert "--overlap-moe-expert-parallel-comm" in d["flags"]["megatron_lm"]
     assert d["flags"]["notes"][0].startswith("overlap on: ") and d["overlap"]["on"]
     eaten = [rec("alltoall", "dispatch", 300, 320), rec("alltoall", "combine", 250, 260)]
-    d = flags.decisions_from_results(eaten, "0.16.1", overlap=True)[0]
+    d = ab.decisions_from_results(eaten, "0.16.1", overlap=True)[0]
     assert "--overlap-moe-expert-parallel-comm" not in d["flags"]["megatron_lm"]
     assert d["flags"]["notes"][0].startswith("overlap not emitted: the GEMM's slowdown")
 

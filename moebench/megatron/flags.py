@@ -1,33 +1,19 @@
-"""From moebench results to Megatron settings: pick the winner of a matched A/B, emit its flags.
+"""Megatron settings for a dispatcher: Megatron-LM flags, Megatron-Bridge overrides, the Bridge
+performance harness's form, and the environment, as one lookup (backend names are Megatron's own values,
+README.md "Megatron handoff"). The SM-count flag depends on the megatron-core version:
+`--moe-flex-dispatcher-num-sms` from 0.19, `--moe-deepep-num-sms` / `--moe-hybridep-num-sms` before.
 
-Winner rule (per workload: same shape, routing, EP, dtype, seed and device). The control is
-`alltoall`; a candidate (`deepep`, `hybridep`) replaces it only when its dispatch+combine time
-beats the control's by more than the measured noise:
-
-    gain_us  = control.median - candidate.median                       (phases summed)
-    noise_us = (control.median - control.p10) + (candidate.p90 - candidate.median)
-    win      = gain_us > noise_us  and  gain_us > min_gain * control.median
-
-i.e. the candidate's p90 is below the control's p10. Among winners the largest gain is taken.
-Otherwise `alltoall` stays, with the reason. Megatron-path results (`mcore-*`, the exact code a
-training step runs) are preferred to the raw backends when both a control and a candidate passed
-there; the two families are never mixed in one A/B. Only records whose check PASSed count.
-
-Flags are a lookup, since backend names are Megatron's own values (README.md, "Megatron handoff").
-The SM-count flag depends on the megatron-core version: `--moe-flex-dispatcher-num-sms` from 0.19,
-`--moe-deepep-num-sms` / `--moe-hybridep-num-sms` before.
+Rules that refuse (FlagsError, exit 2) rather than print flags Megatron rejects or that would mislead:
+flex needs TP x EP > 1 (Megatron asserts it); HybridEP's ranks per NVLink domain must divide EP x TP and
+fit the NVLink domain found. Which backend wins a matched A/B is megatron/ab.py's.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 
 from ..core import megatron_map
-from ..core.megatron_map import BACKENDS, CONTROL
-from ..harness.spec import ENV_KNOB
-from ..records import schema
-from ..records.schema import PHASES
+from ..core.megatron_map import BACKENDS
 
 CHECKED_VERSIONS = ((0, 16), (0, 19))     # megatron-core minor versions the flags were checked against
 
@@ -49,24 +35,30 @@ class FlagSet:
     megatron_core_version: str
     megatron_lm: list[str] = field(default_factory=list)       # argv tokens for pretrain_gpt.py
     megatron_bridge: list[str] = field(default_factory=list)   # Hydra-style key=value overrides
+    bridge_perf: list[str] = field(default_factory=list)       # Bridge's scripts/performance/run_script.py form
     env: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def asdict(self) -> dict:
         d = asdict(self)
         d["megatron_lm_cmdline"] = " ".join(self.megatron_lm)
+        d["bridge_perf_cmdline"] = " ".join(self.bridge_perf)
         return d
 
 
 def megatron_flags(backend: str, version: str, num_sms: int | None = None, overlap: bool = False,
-                   ep: int | None = None, ranks_per_nvlink_domain: int | None = None) -> FlagSet:
-    """The Megatron-LM flags, Megatron-Bridge overrides and env for one dispatcher backend."""
+                   ep: int | None = None, ranks_per_nvlink_domain: int | None = None, tp: int = 1,
+                   domain_found: int | None = None) -> FlagSet:
+    """The Megatron-LM flags, Megatron-Bridge overrides (and its performance harness's form) and env for one
+    dispatcher backend. ep / tp: the training run's, where known; domain_found: the ranks per NVLink domain
+    found on the target machine, where known."""
     backend = megatron_map.megatron_name(backend)
     if backend not in BACKENDS:
         raise FlagsError(f"no Megatron setting for backend {backend!r} (known: {', '.join(BACKENDS)})")
     mb = BACKENDS[backend]
     if num_sms is not None and num_sms < 1:
         raise FlagsError(f"--num-sms must be >= 1, got {num_sms}")
+    check_parallelism(mb, ep, tp, ranks_per_nvlink_domain, domain_found)
     new = parse_version(version) >= (0, 19)
     f = FlagSet(backend, version)
     if not mb.flex:
@@ -92,243 +84,38 @@ def megatron_flags(backend: str, version: str, num_sms: int | None = None, overl
         f.notes.append("recommended with flex: --moe-router-dtype fp32 (model.moe_router_dtype=fp32); "
                        "DeepEP/HybridEP take fp32 probs and cast otherwise")
         f.notes.append("flex does not support --moe-shared-expert-overlap (Bridge turns it off)")
-    if overlap:
-        _add_overlap(f, ep)
+    overlapped = overlap and _add_overlap(f, ep)
+    f.bridge_perf = ["python", "scripts/performance/run_script.py", "...", "--moe_flex_dispatcher_backend",
+                     backend if mb.flex else "None", "--moe_a2a_overlap", "true" if overlapped else "false"]
+    f.bridge_perf += [f"-E {k}={v}" for k, v in f.env.items()]
     if not CHECKED_VERSIONS[0] <= parse_version(version) <= CHECKED_VERSIONS[1]:
         f.notes.append(f"megatron-core {version} is outside the checked range: these flags were checked against "
                        "megatron-core 0.16.1 and 0.19.2 only")
     return f
 
 
-def _add_overlap(f: FlagSet, ep: int | None) -> None:
+def check_parallelism(mb, ep: int | None, tp: int, domain: int | None, domain_found: int | None) -> None:
+    """FlagsError where Megatron or HybridEP would reject the setting."""
+    if mb.flex and ep is not None and tp * ep < 2:
+        raise FlagsError(f"{mb.name} runs on Megatron's flex dispatcher, which needs TP x EP > 1 (Megatron asserts "
+                         f"it): at TP {tp} x EP {ep} only alltoall applies")
+    if not (mb.domain_env and domain):
+        return
+    if ep is not None and (tp * ep) % domain:
+        raise FlagsError(f"{mb.domain_env}={domain} does not divide EP x TP = {tp * ep} (HybridEP needs it to)")
+    if domain_found is not None and domain > domain_found:
+        raise FlagsError(f"{mb.domain_env}={domain} exceeds the NVLink domain found: {domain_found} ranks")
+
+
+def _add_overlap(f: FlagSet, ep: int | None) -> bool:
     if ep is not None and ep < 2:
         f.notes.append("overlap not emitted: overlap_moe_expert_parallel_comm needs EP > 1")
-        return
+        return False
     f.megatron_lm += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     f.megatron_bridge += ["comm_overlap.overlap_moe_expert_parallel_comm=true",
-                          "comm_overlap.delay_wgrad_compute=true"]
+                          "comm_overlap.delay_wgrad_compute=true", "model.moe_shared_expert_overlap=false"]
     f.env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
     f.notes.append("overlap needs EP > 1, bf16/fp16, no full recompute and no 'moe' recompute, "
                    "--moe-shared-expert-overlap off, VPP when PP > 1; set it under comm_overlap in Bridge "
                    "(CommOverlapConfig overwrites model.overlap_moe_expert_parallel_comm)")
-
-
-# ---------------------------------------------------------------- results -> decisions
-@dataclass
-class Summary:
-    """One backend's matched record set: dispatch+combine times summed over phases."""
-    name: str
-    status: str                       # PASS | FAIL | WAIVED | INCOMPLETE
-    error: str = ""
-    median_us: float = 0.0
-    p10_us: float = 0.0
-    p90_us: float = 0.0
-    knobs: dict = field(default_factory=dict)
-    env: dict = field(default_factory=dict)
-
-
-def workload_key(rec: dict) -> str:
-    return json.dumps({"workload": rec.get("workload"), "device": rec.get("device")}, sort_keys=True)
-
-
-def summarize(records: list[dict], view: str = "api") -> dict[str, Summary]:
-    """name -> Summary over the dispatch and combine phases in one timing view (the last record of each
-    phase wins)."""
-    last: dict[str, dict[str, dict]] = {}
-    for r in records:
-        last.setdefault(schema.name(r), {})[r["phase"]] = r
-    out = {}
-    for name, phases in last.items():
-        recs = [phases.get(p) for p in PHASES]
-        any_rec = next(r for r in phases.values())
-        s = Summary(name, schema.status(any_rec), schema.error(any_rec),
-                    knobs=any_rec["backend"].get("knobs") or {}, env=(any_rec.get("env") or {}).get("env") or {})
-        if s.status == "PASS":
-            ts = [schema.view_timing(r, view) if r else None for r in recs]
-            if not all(ts):
-                s.status, s.error = "INCOMPLETE", f"no timed dispatch and combine records in the {view} view"
-            else:
-                for key in ("median_us", "p10_us", "p90_us"):
-                    setattr(s, key, sum(float(t[key]) for t in ts))
-        out[name] = s
-    return out
-
-
-def compare(control: Summary, cand: Summary, min_gain: float = 0.0) -> dict:
-    gain = control.median_us - cand.median_us
-    noise = (control.median_us - control.p10_us) + (cand.p90_us - cand.median_us)
-    wins = gain > noise and gain > min_gain * control.median_us
-    if wins:
-        why = f"faster by {gain:.1f} us ({100 * gain / control.median_us:.1f}%), more than the noise {noise:.1f} us"
-    elif gain <= 0:
-        why = f"slower than {control.name} by {-gain:.1f} us"
-    elif gain <= noise:
-        why = f"gain {gain:.1f} us is within the measured noise {noise:.1f} us"
-    else:
-        why = f"gain {gain:.1f} us is below the required {100 * min_gain:.1f}% of {control.name}"
-    return {"name": cand.name, "status": cand.status, "median_us": cand.median_us, "p10_us": cand.p10_us,
-            "p90_us": cand.p90_us, "gain_us": gain, "noise_us": noise, "wins": wins, "why": why}
-
-
-def decide(records: list[dict], min_gain: float = 0.0, view: str = "api") -> dict:
-    """The A/B for one workload's records in one timing view: {view, family, control, candidates, winner,
-    reason}."""
-    sums = summarize(records, view)
-    fam = _pick_family(sums)
-    out = {"view": view, "family": fam, "control": None, "candidates": [], "winner": CONTROL, "winner_record": None}
-    if fam is None:
-        seen = ", ".join(f"{n} {s.status}" for n, s in sums.items()) or "no records"
-        out["reason"] = ("keep alltoall: no matched A/B (it needs a passing alltoall control and a passing "
-                         f"candidate of the same family, raw or mcore-*; measured: {seen})")
-        controls = {control for control, _ in megatron_map.families().values()}
-        out["candidates"] = [_ineligible(s) for n, s in sums.items() if n not in controls]
-        return out
-    control_name, cands = megatron_map.families()[fam]
-    control = sums[control_name]
-    out["control"] = {"name": control.name, "median_us": control.median_us, "p10_us": control.p10_us,
-                      "p90_us": control.p90_us}
-    best = None
-    for name in cands:
-        if name not in sums:
-            out["candidates"].append({"name": name, "status": "MISSING", "wins": False, "why": "not measured"})
-        elif sums[name].status != "PASS":
-            out["candidates"].append(_ineligible(sums[name]))
-        else:
-            c = compare(control, sums[name], min_gain)
-            out["candidates"].append(c)
-            if c["wins"] and (best is None or c["gain_us"] > best["gain_us"]):
-                best = c
-    if best:
-        out["winner"], out["winner_record"] = cands[best["name"]], best["name"]
-        out["reason"] = f"{best['name']} wins the A/B against {control_name} in the {view} view: {best['why']}"
-    else:
-        whys = "; ".join(f"{c['name']}: {c['why']}" for c in out["candidates"])
-        out["reason"] = (f"keep alltoall: no candidate beat {control_name} by more than the noise in the {view} view "
-                         f"({whys})")
-    return out
-
-
-def _pick_family(sums: dict[str, Summary]) -> str | None:
-    for fam in ("mcore", "raw"):
-        control, cands = megatron_map.families()[fam]
-        if control in sums and sums[control].status == "PASS" and \
-                any(sums[c].status == "PASS" for c in cands if c in sums):
-            return fam
-    return None
-
-
-def _ineligible(s: Summary) -> dict:
-    why = s.status + (f": {s.error}" if s.error else "")
-    return {"name": s.name, "status": s.status, "wins": False, "why": f"not eligible ({why})"}
-
-
-def decisions_from_results(records: list[dict], version: str, overlap: bool = False, num_sms: int | None = None,
-                           min_gain: float = 0.0, view: str = "api") -> list[dict]:
-    """One decision (A/B + flags) per matched workload group in a results file."""
-    groups: dict[str, list[dict]] = {}
-    for r in records:
-        if isinstance(r, dict) and {"workload", "backend", "phase", "check"} <= r.keys():
-            groups.setdefault(workload_key(r), []).append(r)
-    out = []
-    for key, recs in groups.items():
-        recs, best = _best_setting_only(recs)
-        d = decide(recs, min_gain, view)
-        w = recs[0]["workload"]
-        sums = summarize(recs, view)
-        sms = num_sms
-        env_domain = None
-        if d["winner_record"]:
-            won = sums[d["winner_record"]]
-            sms = sms if sms is not None else _knob_sms(won.knobs)
-            domain_env = BACKENDS[d["winner"]].domain_env
-            env_domain = won.env.get(domain_env) if domain_env else None
-        domain = int(env_domain) if env_domain else min(w["ep"], w.get("gpus_per_node", w["ep"]))
-        ov = _overlap_verdict(recs, d) if overlap else None
-        flags = megatron_flags(d["winner"], version, sms if BACKENDS[d["winner"]].flex else None,
-                               bool(ov and ov["on"]), ep=w["ep"], ranks_per_nvlink_domain=domain)
-        if ov:
-            flags.notes.insert(0, ("overlap on: " if ov["on"] else "overlap not emitted: ") + ov["why"])
-        for k, v in best.get(d["winner_record"], {}).items():   # env knobs of the swept best setting
-            if k.startswith(ENV_KNOB):
-                flags.env[k[len(ENV_KNOB):]] = str(v)
-        out.append({"workload": w, "device": recs[0].get("device"), **d, "flags": flags.asdict(),
-                    **({"overlap": ov} if ov else {})})
-    return out
-
-
-def _overlap_verdict(recs: list[dict], d: dict) -> dict:
-    """overlap_pays for the backend whose flags are emitted: the winner's records, else the
-    control's (the Megatron path first)."""
-    names = [d["winner_record"]] if d["winner_record"] else [f"mcore-{CONTROL}", CONTROL]
-    verdicts = [overlap_pays(recs, n) for n in names]
-    return next((v for v in verdicts if "hidden_us" in v), verdicts[0])
-
-
-def _best_setting_only(recs: list[dict]) -> tuple[list[dict], dict[str, dict]]:
-    """Where a knob sweep timed a backend at several settings, keep only its fastest setting
-    (knobs.best_knobs: lowest dispatch + combine median), so the A/B and the flags use it."""
-    from ..records.knobs import best_knobs
-    from ..records.schema import knobs_of
-    best = {b["backend"]: b["knobs"] for b in best_knobs(recs) if b["settings"] > 1}
-    kept = [r for r in recs if schema.name(r) not in best or knobs_of(r) == best[schema.name(r)]]
-    return kept, best
-
-
-def _knob_sms(knobs: dict) -> int | None:
-    for k in ("num_sms", "moe_flex_dispatcher_num_sms", "moe_deepep_num_sms", "moe_hybridep_num_sms"):
-        if knobs.get(k) is not None:
-            return int(knobs[k])
-    return None
-
-
-def format_decision(d: dict) -> str:
-    """Human-readable block for one decision."""
-    w = d.get("workload") or {}
-    lines = []
-    if w:
-        lines.append(f"# workload: T={w.get('num_tokens')} H={w.get('hidden')} E={w.get('num_experts')} "
-                     f"K={w.get('topk')} EP={w.get('ep')} dtype={w.get('dtype')} routing={w.get('routing')} "
-                     f"device={d.get('device')}")
-    if d.get("control"):
-        c = d["control"]
-        lines.append(f"#   control {c['name']}: {c['median_us']:.1f} us (p10 {c['p10_us']:.1f}, p90 {c['p90_us']:.1f})")
-    for c in d.get("candidates", []):
-        t = f"{c['median_us']:.1f} us (p10 {c['p10_us']:.1f}, p90 {c['p90_us']:.1f}) " if "median_us" in c else ""
-        lines.append(f"#   candidate {c['name']}: {t}{'WINS' if c.get('wins') else 'no'} - {c['why']}")
-    f = d["flags"]
-    lines.append(f"# winner: {d['winner']} - {d['reason']}")
-    lines.append(f"megatron-lm:     {f['megatron_lm_cmdline']}")
-    lines.append(f"megatron-bridge: {' '.join(f['megatron_bridge'])}")
-    if f["env"]:
-        lines.append("env:             " + " ".join(f"{k}={v}" for k, v in f["env"].items()))
-    lines += [f"# note: {n}" for n in f["notes"]]
-    return "\n".join(lines)
-
-
-def overlap_pays(records: list[dict], backend: str) -> dict:
-    """Whether overlap pays for `backend`, from its PASS dispatch and combine records with overlap
-    figures: {on, why, hidden_us, noise_us, ...}. It pays when the time it hides (comm alone -
-    exposed, summed over both phases; the GEMM's slowdown is inside `exposed`) exceeds the noise
-    (p90 - median of the overlapped and of the GEMM-alone times)."""
-    last = {r["phase"]: r for r in records if schema.name(r) == backend and r.get("overlap")
-            and schema.status(r) == "PASS" and r.get("phase") in ("dispatch", "combine")}
-    if set(last) != {"dispatch", "combine"}:
-        return {"on": False, "backend": backend,
-                "why": f"no overlap figures for {backend}'s dispatch and combine: run moebench.dispatch --overlap gemm"}
-    o = [last[p]["overlap"] for p in ("dispatch", "combine")]
-    comm = sum(x["comm_alone_us"] for x in o)
-    exposed = sum(x["exposed_us"] for x in o)
-    noise = sum((x["overlapped_p90_us"] - x["overlapped_us"]) + (x["gemm_alone_p90_us"] - x["gemm_alone_us"]) for x in o)
-    hidden = comm - exposed
-    slow = max(x["gemm_slowdown"] for x in o)
-    figures = (f"{backend}: dispatch+combine alone {comm:.1f} us, exposed beside the GEMM {exposed:.1f} us, "
-               f"GEMM slowed up to {slow:.2f}x, noise {noise:.1f} us")
-    if hidden > noise:
-        why = f"overlap hides {hidden:.1f} us per dispatch+combine, more than the noise ({figures})"
-    elif hidden <= 0:
-        why = f"the GEMM's slowdown eats the gain: exposed time is not below the time alone ({figures})"
-    else:
-        why = f"the {hidden:.1f} us overlap would hide is within the noise ({figures})"
-    return {"on": hidden > noise, "backend": backend, "why": why, "hidden_us": hidden, "noise_us": noise,
-            "comm_alone_us": comm, "exposed_us": exposed, "gemm_slowdown": slow,
-            "functional": any(schema.is_functional(last[p]) for p in last)}
+    return True

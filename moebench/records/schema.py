@@ -235,3 +235,15 @@ def latest(records: list[dict]) -> list[dict]:
         seen[key] = r
         runs[key] = runs.get(key, 0) + 1
     return [{**r, "_runs": runs[k]} for k, r in seen.items()]
+
+
+MATCHED_ENV = (("gpu", "GPU model"), ("gpu_count", "GPU count"), ("nccl", "NCCL"), ("driver", "driver"))
+
+
+def env_difference(a: dict, b: dict) -> tuple[list[str], list[str]]:
+    """(what makes two arms of an A/B incomparable: GPU model, GPU count, NCCL or driver differ; what is
+    only worth naming: a different moebench sha). `a`, `b`: provenance dicts (a record's `env`)."""
+    a, b = a or {}, b or {}
+    refuse = [f"{what} {a.get(k)} vs {b.get(k)}" for k, what in MATCHED_ENV if a.get(k) != b.get(k)]
+    note = [f"moebench {a.get('git_sha')} vs {b.get('git_sha')}"] if a.get("git_sha") != b.get("git_sha") else []
+    return refuse, note

@@ -66,6 +66,7 @@ class Buffer:
                  allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False, explicitly_destroy=False):
         check_nvlink_connections(group)
         self.group, self.rank, self.world = group, dist.get_rank(group), dist.get_world_size(group)
+        self.num_nvl_bytes, self.num_rdma_bytes = num_nvl_bytes, num_rdma_bytes     # Megatron's get_buffer reads them
         self.low_latency_mode, self.explicitly_destroy, self.calls = low_latency_mode, explicitly_destroy, []
         if low_latency_mode:         # what Buffer.__init__ does on every branch; main also keeps the value
             os.environ["NVSHMEM_QP_DEPTH"] = os.environ.get("NVSHMEM_QP_DEPTH", "1024")

@@ -1,0 +1,288 @@
+"""From moebench.dispatch results to a Megatron decision: the winner of a matched A/B, and its flags.
+
+Winner rule (per workload: same shape, routing, EP, dtype, seed and device). The control is
+`alltoall`; a candidate (`deepep`, `hybridep`) replaces it only when its dispatch+combine time
+beats the control's by more than the measured noise:
+
+    gain_us  = control.median - candidate.median                       (phases summed)
+    noise_us = (control.median - control.p10) + (candidate.p90 - candidate.median)
+    win      = gain_us > noise_us  and  gain_us > min_gain * control.median
+
+i.e. the candidate's p90 is below the control's p10. Among winners the largest gain is taken.
+Otherwise `alltoall` stays, with the reason. Megatron-path results (`mcore-*`, the exact code a
+training step runs) are preferred to the raw backends when both a control and a candidate passed
+there; the two families are never mixed in one A/B. Only records whose check PASSed count.
+
+A candidate is not eligible, with the reason, where the A/B is no evidence for it: a flex backend at
+EP 1 (Megatron's flex dispatcher needs TP x EP > 1), HybridEP in an FP8 A/B on megatron-core <= 0.19
+(it cannot dispatch FP8 there), or records from another kind of machine than the control's (GPU model
+or count, NCCL or driver differ: refused, the difference named). Balanced (forced-balance) routing gives
+a decision labelled benchmark-only.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..core import megatron_map
+from ..core.megatron_map import BACKENDS, CONTROL
+from ..harness.spec import ENV_KNOB
+from ..records import schema
+from ..records.schema import PHASES, env_difference
+from .flags import megatron_flags, parse_version
+
+FORCED_BALANCE_NOTE = ("benchmark-only: balanced routing forces every expert the same load (as "
+                       "--moe-router-force-load-balancing does); never a training-equivalent verdict")
+
+
+@dataclass
+class Summary:
+    """One backend's matched record set: dispatch+combine times summed over phases."""
+    name: str
+    status: str                       # PASS | FAIL | WAIVED | INCOMPLETE
+    error: str = ""
+    median_us: float = 0.0
+    p10_us: float = 0.0
+    p90_us: float = 0.0
+    knobs: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)           # the allowlisted environment variables of the run
+    prov: dict = field(default_factory=dict)          # the record's provenance (GPU, NCCL, driver, sha)
+
+
+def workload_key(rec: dict) -> str:
+    return json.dumps({"workload": rec.get("workload"), "device": rec.get("device")}, sort_keys=True)
+
+
+def summarize(records: list[dict], view: str = "api") -> dict[str, Summary]:
+    """name -> Summary over the dispatch and combine phases in one timing view (the last record of each
+    phase wins)."""
+    last: dict[str, dict[str, dict]] = {}
+    for r in records:
+        last.setdefault(schema.name(r), {})[r["phase"]] = r
+    out = {}
+    for name, phases in last.items():
+        recs = [phases.get(p) for p in PHASES]
+        any_rec = next(r for r in phases.values())
+        s = Summary(name, schema.status(any_rec), schema.error(any_rec),
+                    knobs=any_rec["backend"].get("knobs") or {}, env=(any_rec.get("env") or {}).get("env") or {},
+                    prov=any_rec.get("env") or {})
+        if s.status == "PASS":
+            ts = [schema.view_timing(r, view) if r else None for r in recs]
+            if not all(ts):
+                s.status, s.error = "INCOMPLETE", f"no timed dispatch and combine records in the {view} view"
+            else:
+                for key in ("median_us", "p10_us", "p90_us"):
+                    setattr(s, key, sum(float(t[key]) for t in ts))
+        out[name] = s
+    return out
+
+
+def compare(control: Summary, cand: Summary, min_gain: float = 0.0) -> dict:
+    gain = control.median_us - cand.median_us
+    noise = (control.median_us - control.p10_us) + (cand.p90_us - cand.median_us)
+    wins = gain > noise and gain > min_gain * control.median_us
+    if wins:
+        why = f"faster by {gain:.1f} us ({100 * gain / control.median_us:.1f}%), more than the noise {noise:.1f} us"
+    elif gain <= 0:
+        why = f"slower than {control.name} by {-gain:.1f} us"
+    elif gain <= noise:
+        why = f"gain {gain:.1f} us is within the measured noise {noise:.1f} us"
+    else:
+        why = f"gain {gain:.1f} us is below the required {100 * min_gain:.1f}% of {control.name}"
+    return {"name": cand.name, "status": cand.status, "median_us": cand.median_us, "p10_us": cand.p10_us,
+            "p90_us": cand.p90_us, "gain_us": gain, "noise_us": noise, "wins": wins, "why": why}
+
+
+def decide(records: list[dict], min_gain: float = 0.0, view: str = "api", version: str | None = None) -> dict:
+    """The A/B for one workload's records in one timing view: {view, family, control, candidates, winner,
+    reason, labels, notes}."""
+    sums = summarize(records, view)
+    w = (records[0].get("workload") if records else None) or {}
+    notes = eligibility(sums, w, version)
+    fam = _pick_family(sums)
+    out = {"view": view, "family": fam, "control": None, "candidates": [], "winner": CONTROL, "winner_record": None,
+           "labels": [FORCED_BALANCE_NOTE] if str(w.get("routing", "")).startswith("balanced") else [],
+           "notes": notes}
+    if fam is None:
+        seen = ", ".join(f"{n} {s.status}" for n, s in sums.items()) or "no records"
+        out["reason"] = ("keep alltoall: no matched A/B (it needs a passing alltoall control and a passing "
+                         f"candidate of the same family, raw or mcore-*; measured: {seen})")
+        controls = {control for control, _ in megatron_map.families().values()}
+        out["candidates"] = [_ineligible(s) for n, s in sums.items() if n not in controls]
+        return out
+    control_name, cands = megatron_map.families()[fam]
+    control = sums[control_name]
+    out["control"] = {"name": control.name, "median_us": control.median_us, "p10_us": control.p10_us,
+                      "p90_us": control.p90_us}
+    best = None
+    for name in cands:
+        if name not in sums:
+            out["candidates"].append({"name": name, "status": "MISSING", "wins": False, "why": "not measured"})
+        elif sums[name].status != "PASS":
+            out["candidates"].append(_ineligible(sums[name]))
+        else:
+            c = compare(control, sums[name], min_gain)
+            out["candidates"].append(c)
+            if c["wins"] and (best is None or c["gain_us"] > best["gain_us"]):
+                best = c
+    if best:
+        out["winner"], out["winner_record"] = cands[best["name"]], best["name"]
+        out["reason"] = f"{best['name']} wins the A/B against {control_name} in the {view} view: {best['why']}"
+    else:
+        whys = "; ".join(f"{c['name']}: {c['why']}" for c in out["candidates"])
+        out["reason"] = (f"keep alltoall: no candidate beat {control_name} by more than the noise in the {view} view "
+                         f"({whys})")
+    return out
+
+
+def eligibility(sums: dict[str, Summary], w: dict, version: str | None) -> list[str]:
+    """Mark the candidates an A/B is no evidence for (the rules above); returns notes (a differing sha)."""
+    controls = {c for c, _ in megatron_map.families().values()}
+    notes = []
+    for name, s in sums.items():
+        mb = BACKENDS.get(megatron_map.megatron_name(name))
+        if name in controls or mb is None or s.status != "PASS":
+            continue
+        why = ""
+        if mb.flex and int(w.get("ep") or 2) < 2:
+            why = "flex needs TP x EP > 1 (Megatron asserts it): no candidate at EP 1"
+        elif mb.name == "hybridep" and w.get("dtype") == "fp8" and version and parse_version(version) <= (0, 19):
+            why = f"hybridep cannot dispatch FP8 on megatron-core {version}: this FP8 A/B is no evidence for it"
+        control = sums.get(BACKENDS[CONTROL].mcore if name.startswith(megatron_map.MCORE_PREFIX) else CONTROL)
+        if not why and control is not None:
+            refuse, note = env_difference(control.prov, s.prov)
+            notes += [f"{name}: {n}" for n in note]
+            if refuse:
+                s.status, why = "REFUSED", f"measured on another kind of machine than {control.name}: {', '.join(refuse)}"
+        if why:
+            s.status, s.error = ("REFUSED" if s.status == "REFUSED" else "NOT ELIGIBLE"), why
+    return notes
+
+
+def _pick_family(sums: dict[str, Summary]) -> str | None:
+    for fam in ("mcore", "raw"):
+        control, cands = megatron_map.families()[fam]
+        if control in sums and sums[control].status == "PASS" and \
+                any(sums[c].status == "PASS" for c in cands if c in sums):
+            return fam
+    return None
+
+
+def _ineligible(s: Summary) -> dict:
+    why = s.status + (f": {s.error}" if s.error else "")
+    return {"name": s.name, "status": s.status, "wins": False, "why": f"not eligible ({why})"}
+
+
+def decisions_from_results(records: list[dict], version: str, overlap: bool = False, num_sms: int | None = None,
+                           min_gain: float = 0.0, view: str = "api") -> list[dict]:
+    """One decision (A/B + flags) per matched workload group in a results file."""
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        if isinstance(r, dict) and {"workload", "backend", "phase", "check"} <= r.keys():
+            groups.setdefault(workload_key(r), []).append(r)
+    out = []
+    for key, recs in groups.items():
+        recs, best = _best_setting_only(recs)
+        d = decide(recs, min_gain, view, version)
+        w = recs[0]["workload"]
+        sums = summarize(recs, view)
+        sms = num_sms
+        env_domain = None
+        if d["winner_record"]:
+            won = sums[d["winner_record"]]
+            sms = sms if sms is not None else _knob_sms(won.knobs)
+            domain_env = BACKENDS[d["winner"]].domain_env
+            env_domain = won.env.get(domain_env) if domain_env else None
+        domain = int(env_domain) if env_domain else min(w["ep"], w.get("gpus_per_node", w["ep"]))
+        ov = _overlap_verdict(recs, d) if overlap else None
+        flags = megatron_flags(d["winner"], version, sms if BACKENDS[d["winner"]].flex else None,
+                               bool(ov and ov["on"]), ep=w["ep"], ranks_per_nvlink_domain=domain,
+                               domain_found=w.get("gpus_per_node"))
+        if ov:
+            flags.notes.insert(0, ("overlap on: " if ov["on"] else "overlap not emitted: ") + ov["why"])
+        for k, v in best.get(d["winner_record"], {}).items():   # env knobs of the swept best setting
+            if k.startswith(ENV_KNOB):
+                flags.env[k[len(ENV_KNOB):]] = str(v)
+        out.append({"workload": w, "device": recs[0].get("device"), **d, "flags": flags.asdict(),
+                    **({"overlap": ov} if ov else {})})
+    return out
+
+
+def _overlap_verdict(recs: list[dict], d: dict) -> dict:
+    """overlap_pays for the backend whose flags are emitted: the winner's records, else the
+    control's (the Megatron path first)."""
+    names = [d["winner_record"]] if d["winner_record"] else [f"mcore-{CONTROL}", CONTROL]
+    verdicts = [overlap_pays(recs, n) for n in names]
+    return next((v for v in verdicts if "hidden_us" in v), verdicts[0])
+
+
+def _best_setting_only(recs: list[dict]) -> tuple[list[dict], dict[str, dict]]:
+    """Where a knob sweep timed a backend at several settings, keep only its fastest setting
+    (knobs.best_knobs: lowest dispatch + combine median), so the A/B and the flags use it."""
+    from ..records.knobs import best_knobs
+    from ..records.schema import knobs_of
+    best = {b["backend"]: b["knobs"] for b in best_knobs(recs) if b["settings"] > 1}
+    kept = [r for r in recs if schema.name(r) not in best or knobs_of(r) == best[schema.name(r)]]
+    return kept, best
+
+
+def _knob_sms(knobs: dict) -> int | None:
+    for k in ("num_sms", "moe_flex_dispatcher_num_sms", "moe_deepep_num_sms", "moe_hybridep_num_sms"):
+        if knobs.get(k) is not None:
+            return int(knobs[k])
+    return None
+
+
+def format_decision(d: dict) -> str:
+    """Human-readable block for one decision."""
+    w = d.get("workload") or {}
+    lines = []
+    if w:
+        lines.append(f"# workload: T={w.get('num_tokens')} H={w.get('hidden')} E={w.get('num_experts')} "
+                     f"K={w.get('topk')} EP={w.get('ep')} dtype={w.get('dtype')} routing={w.get('routing')} "
+                     f"device={d.get('device')}")
+    if d.get("control"):
+        c = d["control"]
+        lines.append(f"#   control {c['name']}: {c['median_us']:.1f} us (p10 {c['p10_us']:.1f}, p90 {c['p90_us']:.1f})")
+    for c in d.get("candidates", []):
+        t = f"{c['median_us']:.1f} us (p10 {c['p10_us']:.1f}, p90 {c['p90_us']:.1f}) " if "median_us" in c else ""
+        lines.append(f"#   candidate {c['name']}: {t}{'WINS' if c.get('wins') else 'no'} - {c['why']}")
+    f = d["flags"]
+    lines.append(f"# winner: {d['winner']} - {d['reason']}")
+    lines.append(f"megatron-lm:     {f['megatron_lm_cmdline']}")
+    lines.append(f"megatron-bridge: {' '.join(f['megatron_bridge'])}")
+    lines.append(f"bridge-perf:     {f['bridge_perf_cmdline']}")
+    if f["env"]:
+        lines.append("env:             " + " ".join(f"{k}={v}" for k, v in f["env"].items()))
+    lines += [f"# {x}" for x in d.get("labels") or []]
+    lines += [f"# note: {n}" for n in [*(d.get("notes") or []), *f["notes"]]]
+    return "\n".join(lines)
+
+
+def overlap_pays(records: list[dict], backend: str) -> dict:
+    """Whether overlap pays for `backend`, from its PASS dispatch and combine records with overlap
+    figures: {on, why, hidden_us, noise_us, ...}. It pays when the time it hides (comm alone -
+    exposed, summed over both phases; the GEMM's slowdown is inside `exposed`) exceeds the noise
+    (p90 - median of the overlapped and of the GEMM-alone times)."""
+    last = {r["phase"]: r for r in records if schema.name(r) == backend and r.get("overlap")
+            and schema.status(r) == "PASS" and r.get("phase") in ("dispatch", "combine")}
+    if set(last) != {"dispatch", "combine"}:
+        return {"on": False, "backend": backend,
+                "why": f"no overlap figures for {backend}'s dispatch and combine: run moebench.dispatch --overlap gemm"}
+    o = [last[p]["overlap"] for p in ("dispatch", "combine")]
+    comm = sum(x["comm_alone_us"] for x in o)
+    exposed = sum(x["exposed_us"] for x in o)
+    noise = sum((x["overlapped_p90_us"] - x["overlapped_us"]) + (x["gemm_alone_p90_us"] - x["gemm_alone_us"]) for x in o)
+    hidden = comm - exposed
+    slow = max(x["gemm_slowdown"] for x in o)
+    figures = (f"{backend}: dispatch+combine alone {comm:.1f} us, exposed beside the GEMM {exposed:.1f} us, "
+               f"GEMM slowed up to {slow:.2f}x, noise {noise:.1f} us")
+    if hidden > noise:
+        why = f"overlap hides {hidden:.1f} us per dispatch+combine, more than the noise ({figures})"
+    elif hidden <= 0:
+        why = f"the GEMM's slowdown eats the gain: exposed time is not below the time alone ({figures})"
+    else:
+        why = f"the {hidden:.1f} us overlap would hide is within the noise ({figures})"
+    return {"on": hidden > noise, "backend": backend, "why": why, "hidden_us": hidden, "noise_us": noise,
+            "comm_alone_us": comm, "exposed_us": exposed, "gemm_slowdown": slow,
+            "functional": any(schema.is_functional(last[p]) for p in last)}
