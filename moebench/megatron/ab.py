@@ -104,7 +104,8 @@ def decide(records: list[dict], min_gain: float = 0.0, view: str = "api", versio
            "labels": [FORCED_BALANCE_NOTE] if str(w.get("routing", "")).startswith("balanced") else [],
            "notes": notes}
     if fam is None:
-        seen = ", ".join(f"{n} {s.status}" for n, s in sums.items()) or "no records"
+        seen = ", ".join(f"{n} {s.status}" + (f" ({s.error})" if s.status in ("NOT ELIGIBLE", "REFUSED") else "")
+                         for n, s in sums.items()) or "no records"
         out["reason"] = ("keep alltoall: no matched A/B (it needs a passing alltoall control and a passing "
                          f"candidate of the same family, raw or mcore-*; measured: {seen})")
         controls = {control for control, _ in megatron_map.families().values()}

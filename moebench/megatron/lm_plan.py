@@ -47,21 +47,20 @@ def make_launch(device: str, ep: int | None, ranks_per_gpu: int, joined=None) ->
     """Local: every visible GPU (x ranks_per_gpu), or --ep ranks on CPU. Under a launcher: its shape."""
     import torch
     ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if device == "cpu" or (device == "auto" and ngpu == 0 and joined is None):
-        if device == "auto":
-            raise LmError("Megatron-LM's pretrain_gpt.py needs CUDA and no GPU is visible (--device cpu runs the "
-                          "arms on CPU/gloo, for a stand-in of pretrain_gpt.py only)")
-        if ranks_per_gpu > 1:
-            raise LmError(f"--ranks-per-gpu {ranks_per_gpu} shares GPUs, but --device cpu was asked for")
-        return Launch("cpu", ep or 1, ep or 1)
+    cpu = device == "cpu"
+    if cpu and ranks_per_gpu > 1:
+        raise LmError(f"--ranks-per-gpu {ranks_per_gpu} shares GPUs, but --device cpu was asked for")
+    if not cpu and ngpu == 0:
+        raise LmError("Megatron-LM's pretrain_gpt.py needs CUDA and no GPU is visible (--device cpu runs the arms "
+                      "on CPU/gloo, for a stand-in of pretrain_gpt.py only)")
     if joined is not None:
         world, per_node, how = joined
         if world % per_node:
             raise LmError(f"{world} ranks do not split into nodes of {per_node}: launch the same number on every node")
-        return Launch("cuda", per_node, ep or world, nnodes=world // per_node, ranks_per_gpu=ranks_per_gpu,
-                      launcher=how)
-    if ngpu == 0:
-        raise LmError("--device cuda: no GPU is visible")
+        return Launch("cpu" if cpu else "cuda", per_node, ep or world, nnodes=world // per_node,
+                      ranks_per_gpu=ranks_per_gpu, launcher=how)
+    if cpu:
+        return Launch("cpu", ep or 1, ep or 1)
     nproc = ngpu * ranks_per_gpu
     return Launch("cuda", nproc, ep or nproc, ranks_per_gpu=ranks_per_gpu)
 

@@ -188,6 +188,9 @@ def cmd_validate(args, argv) -> int:
     if given:
         raise F.FlagsError(f"--{given[0].replace('_', '-')} shapes the quick loop's model; with Megatron-LM the model "
                            "comes from --preset and --megatron-args")
+    if lm_plan.launcher_shape() is not None:
+        raise F.FlagsError("validate launches its own ranks, one torchrun per arm: under torchrun or srun run "
+                           "`megatron arm` once per arm, then `megatron compare` on their records")
     from .lm_tool import cmd_validate as lm_validate
     args.megatron_lm, args.iters = found, args.iters or 30
     if args.window >= args.iters:
