@@ -205,7 +205,7 @@ def container_version() -> dict:
 
 
 def make_record(arm: ArmPlan, ctx: dict, repeat: int, order: int, res: LaunchResult, window: int, iters: int):
-    """The arm's record from its launch. ctx: validation, checkout (dict), no_te, launch (Launch)."""
+    """The arm's record from its launch. ctx: lm_plan.Plan.context()."""
     from ..records.megatron import ArmRecord
     from ..records.provenance import provenance, utc_now
     launch: Launch = ctx["launch"]
@@ -223,7 +223,7 @@ def make_record(arm: ArmPlan, ctx: dict, repeat: int, order: int, res: LaunchRes
     if ranks:
         errors += evidence_problems(ranks, arm.dispatcher, launch.world)
     error_lines = lm_log.parse(_read(res.log)).error_lines if errors and res.log else []
-    env = {**provenance(), "container": container_version()}
+    env = {**provenance(), "container": container_version(), "topology": ctx.get("topology")}
     return ArmRecord(
         validation=ctx["validation"], role=arm.role, dispatcher=arm.dispatcher, repeat=repeat, order=order,
         status="FAIL" if errors else "PASS", errors=list(dict.fromkeys(errors)), megatron_argv=arm.megatron_argv,

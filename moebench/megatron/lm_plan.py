@@ -86,6 +86,12 @@ class Plan:
     no_te: list[str] | None
     version: str
     notes: list[str]
+    topology: dict
+
+    def context(self, start_utc: str) -> dict:
+        """What every arm record of this plan shares (lm_arm.make_record)."""
+        return {"validation": self.validation, "checkout": self.checkout.__dict__, "no_te": self.no_te,
+                "launch": self.launch, "topology": self.topology, "start_utc": start_utc}
 
 
 def check_rules(argv: list[str], dispatchers: list[str], launch: Launch, version: str, domain: int | None,
@@ -141,4 +147,6 @@ def plan(opts, dispatchers: list[str], joined=None) -> Plan:
         argv = [ck.pretrain, *common, *fs.megatron_lm, "--expert-model-parallel-size", str(launch.ep)]
         arms.append(ArmPlan(role, d, argv, list(fs.megatron_lm), dict(fs.env), fs.asdict()))
     key = json.dumps([common, launch.asdict(), ck.path], sort_keys=True)
-    return Plan(ck, launch, arms, hashlib.sha256(key.encode()).hexdigest()[:12], no_te, version, list(ck.notes))
+    from ..env.topology import inventory
+    topo = {"nvlink_domain_ranks": found[0], "how": found[1], "gpus": inventory().asdict()["gpus"]}
+    return Plan(ck, launch, arms, hashlib.sha256(key.encode()).hexdigest()[:12], no_te, version, list(ck.notes), topo)

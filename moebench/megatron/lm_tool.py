@@ -87,9 +87,7 @@ def launch_arm(plan, arm, repeat: int, order: int, args, logs: Path) -> dict:
     if os.path.isfile(meta.result):
         res.ranks = json.loads(Path(meta.result).read_text())["ranks"]
         os.remove(meta.result)
-    ctx = {"validation": plan.validation, "checkout": plan.checkout.__dict__, "no_te": plan.no_te,
-           "launch": plan.launch, "start_utc": start}
-    return lm_arm.make_record(arm, ctx, repeat, order, res, args.window, args.iters).asdict()
+    return lm_arm.make_record(arm, plan.context(start), repeat, order, res, args.window, args.iters).asdict()
 
 
 def cmd_validate(args, dispatchers: list[str]) -> int:
@@ -186,9 +184,8 @@ def cmd_arm(args) -> int:
     if ranks is not None:
         res = lm_arm.LaunchResult(0, time.monotonic() - t0, None, [f"({joined[2]})", "python", "-m", "moebench.megatron",
                                                                    *sys.argv[1:]], ranks=ranks)
-        ctx = {"validation": plan.validation, "checkout": plan.checkout.__dict__, "no_te": plan.no_te,
-               "launch": plan.launch, "start_utc": start}
-        rec = lm_arm.make_record(arm, ctx, args.repeat, args.repeat, res, args.window, args.iters).asdict()
+        rec = lm_arm.make_record(arm, plan.context(start), args.repeat, args.repeat, res, args.window,
+                                 args.iters).asdict()
         writer.write_jsonl(args.out, [rec])
         print(f"# {disp} arm (validation {plan.validation}, repeat {args.repeat}): {rec['status']} "
               f"{'; '.join(rec['errors'])} -> {args.out}", flush=True)

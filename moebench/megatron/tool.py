@@ -213,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             if not args.megatron_lm:
                 raise LmError("no Megatron-LM checkout: --megatron-lm PATH (or $MEGATRON_LM)")
             args.iters = args.iters or 30
+            if args.window >= args.iters:
+                raise LmError(f"--window {args.window} must be below --iters {args.iters}")
             return lm_tool.cmd_arm(args)
         return lm_tool.cmd_compare(args)
     except (F.FlagsError, LmError) as e:
