@@ -4,6 +4,8 @@
 #   writing $OUT/permute-h200.jsonl + .png, an fp8 pass, and the moebench/csrc/probes/fanout_bw access-
 #   pattern probe ($OUT/fanout-h200.jsonl). Carry .whl (megatron-core wheel) for the baseline.
 # Usage (device): bash bench/permute_gpu.sh [extra args for moebench.permute]
+#   env: SKIP_TESTS=1 skips the GPU tier, SKIP_FANOUT=1 the fanout_bw probe; FP8_IMPLS the fp8 pass's
+#   --ops-impl (default megatron,triton,cuda)
 set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -23,9 +25,9 @@ echo "# tests done: $(( $(date +%s) - t0 )) s"
 python3 -m moebench.permute --out "$OUT/permute-h200.jsonl" --plot "$OUT/permute-h200.png" "$@" 2>&1 \
   | tee "$OUT/permute-h200.txt"
 python3 -m moebench.permute --dtype fp8 --ops permute --shapes 4096x7168x8x256,16384x7168x8x256 \
-  --ops-impl megatron,triton,cuda --iters 30 --out "$OUT/permute-h200-fp8.jsonl" 2>&1 | tee "$OUT/permute-h200-fp8.txt"
+  --ops-impl "${FP8_IMPLS:-megatron,triton,cuda}" --iters 30 --out "$OUT/permute-h200-fp8.jsonl" 2>&1 | tee "$OUT/permute-h200-fp8.txt"
 NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
-if "$NVCC" -O3 -arch=sm_90a -std=c++17 moebench/csrc/probes/fanout_bw.cu -o /tmp/fanout_bw; then
+if [[ "${SKIP_FANOUT:-0}" != 1 ]] && "$NVCC" -O3 -arch=sm_90a -std=c++17 moebench/csrc/probes/fanout_bw.cu -o /tmp/fanout_bw; then
   for a in "--rows 4096 --row-bytes 14336" "--rows 16384 --row-bytes 14336" "--rows 8192 --row-bytes 4096" \
            "--rows 8192 --row-bytes 8192" "--rows 4096 --row-bytes 14336 --fanout 2"; do
     /tmp/fanout_bw --fanout 8 --iters 20 $a | python3 -c "

@@ -243,6 +243,41 @@ def test_triton_tma_fallback_selection(monkeypatch):
         assert spies[used].launches == before + 1, (H, tma)
 
 
+ROWS_CASES = [  # T, H, K, E, pad, fp8, copy_rows; bf16 rows of H * 2 bytes, fp8 rows of H bytes
+    (37, 24, 4, 6, 0, False, 4),     # T not a multiple of copy_rows, E not dividing T
+    (5, 8, 1, 3, 0, False, 8),       # K 1, rows of 16 bytes, fewer tokens than one program
+    (37, 20, 4, 6, 4, True, 2),      # fp8 (20-byte rows) with scales, padding
+    (64, 40, 8, 16, 8, False, 16),   # K 8, padding
+    (33, 16, 3, 300, 0, False, 4),   # E > T: most experts get no rows
+    (150, 8, 4, 130, 8, True, 8),    # several scan programs, padded, fp8
+]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="runs in the subprocess of test_triton_interpreter")
+@pytest.mark.parametrize("case", ROWS_CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-rows{c[6]}")
+def test_triton_matches_reference_rows(case, monkeypatch):
+    """copy_rows > 1 (``_permute_copy_rows``, several tokens per program) against the torch
+    reference, bitwise: masked slots, a token with no destination, probs, row count given or not."""
+    T, H, K, E, pad, fp8, cr = case
+    from moebench.ops import triton_impl
+    spy = LaunchSpy(triton_impl._permute_copy_rows)
+    monkeypatch.setattr(triton_impl, "_permute_copy_rows", spy)
+    ops._status.clear()
+    x, scales = payload(T, H), None
+    if fp8:
+        x, scales = x.float().to(torch.float8_e4m3fn), torch.rand(T, 3)
+    idx = make_routing(T, K, E, mask_frac=0.3, seed=T * H + K)
+    idx[T // 2] = -1
+    probs = torch.rand(T, K)
+    want = ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl="torch", probs_TK=probs)
+    bh, cs = (1024, 1) if ROWS_CASES.index(case) % 2 else (8, 0)   # one chunk per row, streaming; or
+    impl = f"triton@{bh}:4:1024:4:0:{cs}:256:4:16:128:4:1:{cr}"      # several chunks, plain access
+    assert_same_permute(ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl=impl, probs_TK=probs), want)
+    assert_same_permute(ops.permute(x, idx, E, scales_TS=scales, pad_multiple=pad, impl=impl, probs_TK=probs,
+                                    num_out_rows=want.x_RH.shape[0]), want)
+    assert spy.launches == 2
+
+
 def test_tma_desc_choice(monkeypatch):
     """Host side of the TMA path (no kernel runs): when it applies, and the box it picks."""
     pytest.importorskip("triton")
@@ -368,8 +403,119 @@ def test_variants_are_part_of_the_impl_string():
     assert ti.knobs("1:2:3:4:1") == ti.DEFAULT_KNOBS._replace(copy_bh=1, copy_warps=2, unperm_bh=3,
                                                               unperm_warps=4, copy_tma=1)
     assert ti.knobs("1:2:3:4:0:1").copy_cs == 1
-    assert ti.knobs("1:2:3:4:0:1:512:8:16:128:2:0")[6:] == (512, 8, 16, 128, 2, 0)
-    with pytest.raises(ValueError, match="at most 12"):
-        ti.knobs("1:2:3:4:5:6:7:8:9:10:11:12:13")
+    assert ti.knobs("1:2:3:4:0:1:512:8:16:128:2:0")[6:] == (512, 8, 16, 128, 2, 0, 1)
+    assert ti.knobs("1:2:3:4:0:1:512:8:16:128:2:0:8").copy_rows == 8 and ti.DEFAULT_KNOBS.copy_rows == 1
+    with pytest.raises(ValueError, match="at most 13"):
+        ti.knobs("1:2:3:4:5:6:7:8:9:10:11:12:13:14")
     with pytest.raises(ValueError, match="scan_eb must be a power of 2"):
         ti.knobs("1:2:3:4:0:1:512:8:24")
+    with pytest.raises(ValueError, match="copy_rows must be a power of 2"):
+        ti.knobs("1024:4:1024:4:0:1:256:4:16:128:4:1:3")
+    with pytest.raises(ValueError, match="copy_rows must be at most 64"):
+        ti.knobs("1024:4:1024:4:0:1:256:4:16:128:4:1:128")
+    with pytest.raises(ValueError, match="no TMA form"):
+        ti.knobs("1024:4:1024:4:1:1:256:4:16:128:4:1:4")
+    with pytest.raises(ValueError, match="power of 2"):     # refused when the impl string is resolved
+        ops.permute(x, idx, 4, impl="triton@1024:4:1024:4:0:1:256:4:16:128:4:1:6")
+
+
+# ---------------------------------------------------------------- CUDA variants (pure Python)
+def test_cuda_variant_parse():
+    """cuda@V[:C]: variant bits, rows per CTA of the rows kernel; malformed ones refused with the reason."""
+    from moebench.ops import cuda_variant as cv
+    assert cv.parse("") == cv.DEFAULT and cv.DEFAULT.rows_kernel and cv.DEFAULT.code == 0
+    assert cv.parse("8192") == cv.CudaVariant(8192, 0) and not cv.parse("8192").rows_kernel
+    assert cv.parse("0:8").code == 8 << 16 and cv.parse("16385:15").code == 16385 | 15 << 16
+    assert cv.parse("16") .bits == 16 and cv.parse("1:0").rows == 0
+    for bad, why in (("0:17", "rows per CTA must be 1-16"), ("0:-1", "rows per CTA must be"),
+                     ("1:2:3", "want V or V:C"), ("x", "integers"), ("65536", "rows per CTA go after a colon"),
+                     ("-1", "variant bits must be"), ("16:4", "pick another copy"), ("8192:8", "pick another copy"),
+                     ("256:2", "pick another copy")):
+        with pytest.raises(ValueError, match=why):
+            cv.parse(bad)
+
+
+def test_cuda_rows_shared_memory_rule():
+    """Whether C rows of a shape fit one CTA's shared memory (H100 / H200: 227 KB per block)."""
+    from moebench.ops import cuda_variant as cv
+    assert cv.rows_problem(8, 14336, 8, 256) == ""               # the probe's best: 2 CTAs per SM
+    assert cv.rows_problem(16, 14336, 8, 256) == ""              # 224 KB + 128: one CTA per SM
+    assert "shared memory" in cv.rows_problem(16, 16384, 8, 256)
+    assert "shared memory" in cv.rows_problem(8, 14336, 8, 256, smem_optin=101376)   # a smaller device
+    assert "not a multiple of 16" in cv.rows_problem(4, 2002, 8, 64)
+    assert "top-k" in cv.rows_problem(4, 1024, 33, 64) and "top-k" in cv.rows_problem(4, 1024, 0, 64)
+    assert cv.rows_problem(1, 16, 1, 3) == "" and cv.rows_problem(0, 232448, 8, 256) != ""   # auto C 1 too big
+    assert cv.rows_smem_bytes(1, 16, 1024) == 4096 + cv.STATIC_SMEM      # fused: E int32 histogram
+    assert cv.rows_smem_bytes(1, 16, 2048) == 16 + cv.STATIC_SMEM        # E > 1024: index kernels, no histogram
+    assert [cv.auto_rows(b) for b in (14336, 8192, 4096, 16, 300000)] == [8, 14, 16, 16, 1]
+    assert cv.check("0:8", row_bytes=14336, topk=8, num_experts=256).rows == 8
+    with pytest.raises(ValueError, match="shared memory"):
+        cv.check("0:15", row_bytes=16384, topk=8, num_experts=256)
+
+
+def test_cuda_variant_refused_when_parsed():
+    """The impl string is checked when moebench.ops resolves it, on any machine (no GPU needed)."""
+    x, idx = payload(6, 16), make_routing(6, 2, 4, seed=3)
+    with pytest.raises(ValueError, match="rows per CTA must be 1-16"):
+        ops.permute(x, idx, 4, impl="cuda@0:17")
+    with pytest.raises(ValueError, match="pick another copy"):
+        ops.unpermute(x, torch.zeros(6, 2, dtype=torch.int32), torch.rand(6, 2), impl="cuda@8192:4")
+    with pytest.raises(RuntimeError, match="needs CUDA tensors"):     # well-formed: CPU tensors are the problem
+        ops.permute(x, idx, 4, impl="cuda@0:8")
+
+
+def test_cuda_rows_per_cta_falls_back_with_a_note(monkeypatch):
+    """An explicit C the shape cannot take runs with the default (auto) C and a warning: never a
+    failed launch. Resolved once per shape."""
+    from moebench.ops import cuda_impl
+    monkeypatch.setattr(cuda_impl, "_smem_optin", lambda dev: 232448)
+    monkeypatch.setattr(cuda_impl, "_CODES", {})
+    dev = torch.device("cpu")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cuda_impl._permute_code("0:8", 14336, 8, 256, True, dev) == 8 << 16
+        assert cuda_impl._permute_code("16384:15", 14336, 8, 256, True, dev) == 16384 | 15 << 16
+        assert cuda_impl._permute_code("8192", 2002, 8, 256, False, dev) == 8192
+        assert cuda_impl._permute_code("", 14336, 8, 256, True, dev) == 0
+    for args, why, code in ((("16384:16", 16384, 8, 256, True), "shared memory", 16384),
+                            (("1:4", 2002, 8, 256, True), "multiple of 16", 1),
+                            (("0:4", 14336, 8, 256, False), "aligned", 0)):
+        with pytest.warns(UserWarning, match=why):
+            assert cuda_impl._permute_code(*args, dev) == code
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")               # once per shape
+            assert cuda_impl._permute_code(*args, dev) == code
+
+
+@pytest.mark.parametrize("T,K,E,G,pad", [(37, 4, 6, 5, 0), (64, 8, 16, 64, 8), (5, 1, 3, 2, 0),
+                                         (300, 8, 256, 264, 0), (33, 3, 300, 7, 4)])
+def test_fused_index_decomposition(T, K, E, G, pad):
+    """The fused rows kernel's index math (csrc/permute_rows.cuh), modelled in torch: CTA c ranks the
+    slots of tokens [c*T//G, (c+1)*T//G) per expert, the column scan turns the [G, E] counts into each
+    CTA's first row per expert, the padded totals into expert starts; row = start + base + rank. It
+    must give the reference's rows (Megatron order), whatever G. The kernel itself runs on a GPU only
+    (tests/test_ops_gpu.py)."""
+    from moebench.ops import torch_impl
+    idx = make_routing(T, K, E, seed=T + G)
+    flat = idx.reshape(-1)
+    counts = torch.zeros(G, E, dtype=torch.int64)
+    rank = torch.zeros(T * K, dtype=torch.int64)
+    cta = torch.zeros(T * K, dtype=torch.int64)
+    for c in range(G):
+        s0, s1 = c * T // G * K, (c + 1) * T // G * K
+        for s in range(s0, s1):                 # in slot order, as the warp's match_any chunks
+            e = int(flat[s])
+            cta[s] = c
+            if e >= 0:
+                rank[s] = counts[c, e]
+                counts[c, e] += 1
+    base = torch.cumsum(counts, 0) - counts      # exclusive over CTAs, per expert column
+    total = counts.sum(0)
+    padded = torch_impl.round_up(total, pad)
+    start = torch.cumsum(padded, 0) - padded
+    ok = flat >= 0
+    e = flat.clamp(min=0)
+    rows = torch.where(ok, start[e] + base[cta, e] + rank, -1)
+    want_map, want_tpe = torch_impl.route(idx, E, pad)[:2]
+    assert torch.equal(rows.view(T, K).int(), want_map) and torch.equal(padded.int(), want_tpe)

@@ -86,31 +86,98 @@ def test_fp8_scales_padding(impl, pad):
     check_permute(ops.permute(x, idx32, E, scales_TS=s, pad_multiple=pad, impl=impl, probs_TK=w), want)
 
 
-# csrc variant bits: 0 bulk (TMA) copy with L2 evict-first hints; 1 without the hints; 32/96 two/four buffers; 128 4 KB
-# chunks (a 14 KB row in four pieces); 16 the per-warp register copy; 256 the destination-order
-# gather (+512 plain stores, +1024/2048/3072 tiles of 128/2048/8192 tokens). Triton: copy_tma 1 and 0, copy_cs 1; then the index-kernel knobs
-# and pdl 0 / 1.
-COPY_VARIANTS = [f"cuda@{v}" for v in (0, 1, 32, 96, 128, 16, 16 + 2 + 8, 256, 256 + 512,
-                                       256 + 1024, 256 + 2048, 256 + 3072)] + [
+# csrc variants (csrc/moe_permute.h, ops/cuda_variant.py): 0 the rows kernel with the index work fused
+# in, auto rows per CTA; V:C with C rows per CTA (1, 4, 8, 15, 16); 1 without L2 hints; 16384 the rows
+# kernel after the index kernels; 8192 the one-row bulk kernel, the previous default (+1 no hints,
+# +32/+96 two/four buffers, +128 4 KB chunks); 16 the per-warp register copy; 256 the
+# destination-order gather (+512 plain stores, +1024/2048/3072 tiles of 128/2048/8192 tokens).
+# Triton: copy_tma 1 and 0, copy_cs 1; the index-kernel knobs and pdl 0 / 1; copy_rows 2 / 4 / 8.
+CUDA_COPY_VARIANTS = ["0", "0:1", "0:4", "0:8", "0:15", "0:16", "1", "1:8", "16384", "16384:8", "16384:15",
+                      "8192", "8193", "8224", "8288", "8320", "16", "26", "256", "768", "1280", "2304", "3328"]
+COPY_VARIANTS = [f"cuda@{v}" for v in CUDA_COPY_VARIANTS] + [
     "triton@1024:4:1024:4:1", "triton@1024:4:1024:4:0", "triton@1024:4:1024:4:0:1",
     "triton@1024:4:1024:4:0:1:256:4:64:64:4:0", "triton@1024:4:1024:4:1:1:512:8:16:128:2:1",
-    "triton@1024:4:1024:4:0:1:256:1:32:64:8:1"]
+    "triton@1024:4:1024:4:0:1:256:1:32:64:8:1", "triton@1024:4:1024:4:0:1:256:4:16:128:4:1:2",
+    "triton@1024:4:1024:4:0:1:256:4:16:128:4:1:4", "triton@512:8:1024:4:0:1:256:4:16:128:4:1:8"]
+# (T, H, K, E): the benchmark shape; H 1000 (2000-byte rows); E 4096 > 1024 (the rows kernel after the
+# index kernels); K 1. The CUDA variants and Triton's copy_rows 4 also get rows of 16 bytes (H 8) with T
+# not a multiple of C, and rows of 2002 bytes (not a multiple of 16: another copy takes them). Each
+# (Triton variant, shape) is a compile on a fresh machine, so the other Triton variants take fewer
+# shapes: the GPU tier has to fit the device budget beside the benchmark (bench/permute_gpu.sh).
+COPY_SHAPES = [(4096, 7168, 8, 256), (77, 1000, 6, 10), (5, 64, 2, 4096), (3000, 2048, 1, 7)]
+EDGE_SHAPES = [(333, 8, 3, 5), (100, 1001, 4, 64)]
 
 
-@pytest.mark.parametrize("variant", COPY_VARIANTS)
-@pytest.mark.parametrize("shape", [(4096, 7168, 8, 256), (77, 1000, 6, 10), (5, 64, 2, 4096),
-                                   (3000, 2048, 1, 7)], ids=lambda s: "x".join(map(str, s)))
+def _copy_shapes(variant):
+    if variant.startswith("cuda@") or variant.endswith(":1:4"):
+        return COPY_SHAPES + EDGE_SHAPES
+    if variant.count(":") == 12:                       # Triton copy_rows 2 and 8
+        return [COPY_SHAPES[0], EDGE_SHAPES[0]]
+    return COPY_SHAPES
+
+
+def _copy_cases():
+    for v in COPY_VARIANTS:
+        for shape in _copy_shapes(v):
+            yield pytest.param(v, shape, id=f"{v}-{'x'.join(map(str, shape))}")
+
+
+@pytest.mark.parametrize("variant,shape", list(_copy_cases()))
 def test_copy_variants(variant, shape):
     if variant.split("@")[0] not in _impls():
         pytest.skip(f"{variant} unavailable")
     T, H, K, E = shape
     x = torch.randn(T, H, device="cuda").bfloat16()
     idx = routing(T, K, E, mask_frac=0.1, seed=len(variant))
+    idx[T // 2] = -1                                              # a token with no destination
     w = torch.rand(T, K, device="cuda")
-    check_permute(ops.permute(x, idx, E, impl=variant, probs_TK=w), ops.permute(x, idx, E, impl="torch", probs_TK=w))
+    want = ops.permute(x, idx, E, impl="torch", probs_TK=w)
+    check_permute(ops.permute(x, idx, E, impl=variant, probs_TK=w), want)
+    if variant.startswith("cuda@"):   # the row count given (no wait), and counts to the host (the fused
+        # kernel's polled host words); Triton's paths for these are variant-independent (test above)
+        check_permute(ops.permute(x, idx, E, impl=variant, probs_TK=w, num_out_rows=want.x_RH.shape[0]), want)
+        counted = ops.permute(x, idx, E, impl=variant, counts_to_host=True)
+        assert counted.tokens_per_expert_host == want.tokens_per_expert.tolist()
     x8, s = x.to(torch.float8_e4m3fn), torch.rand(T, 3, device="cuda")
     check_permute(ops.permute(x8, idx, E, scales_TS=s, pad_multiple=16, impl=variant),
                   ops.permute(x8, idx, E, scales_TS=s, pad_multiple=16, impl="torch"))
+
+
+def _kernel_names(fn) -> str:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return " ".join(e.key for e in prof.key_averages())
+
+
+@pytest.mark.parametrize("variant,want,absent", [
+    ("", "permute_rows_kernel<true", "route_rank_kernel"),              # default: one fused launch
+    ("16384", "permute_rows_kernel<false", "permute_bulk_kernel"),      # after the index kernels
+    ("8192", "permute_bulk_kernel", "permute_rows_kernel")])            # the previous default
+def test_cuda_rows_kernel_is_the_default(variant, want, absent):
+    """Which copy runs at the benchmark shape (profiler kernel names)."""
+    if "cuda" not in _impls():
+        pytest.skip("cuda unavailable")
+    T, H, K, E = 4096, 7168, 8, 256
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    idx = routing(T, K, E, mask_frac=0.0)                              # R = T * K
+    impl = "cuda@" + variant if variant else "cuda"
+    ops.permute(x, idx, E, impl=impl)                                 # build / warm up outside the profile
+    names = _kernel_names(lambda: ops.permute(x, idx, E, impl=impl, num_out_rows=T * K))
+    assert want in names and absent not in names, names
+
+
+def test_cuda_rows_that_do_not_fit_fall_back_with_a_note():
+    """cuda@0:15 with 16 KB rows needs 240 KB of shared memory per CTA: runs with the default rows per
+    CTA, warns, and is still exact."""
+    if "cuda" not in _impls():
+        pytest.skip("cuda unavailable")
+    T, H, K, E = 300, 8192, 8, 64
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    idx = routing(T, K, E, mask_frac=0.1)
+    with pytest.warns(UserWarning, match="shared memory"):
+        got = ops.permute(x, idx, E, impl="cuda@0:15")
+    check_permute(got, ops.permute(x, idx, E, impl="torch"))
 
 
 @pytest.mark.parametrize("impl", ["triton", "cuda"])

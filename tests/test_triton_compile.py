@@ -49,18 +49,26 @@ def _compile(fn, warps, args, pdl=False) -> None:
     assert k.asm.get("cubin"), fn.__name__
 
 
-@pytest.mark.parametrize("case", ["bf16", "bf16-probs-pad", "fp8-scales-probs"])
+# the copy_rows variants: tokens per program, a [CT, BH] tile of rows in flight (and the [CT, KP]
+# row tile, K 8 and K 1)
+ROWS = {"rows4": "1024:4:1024:4:0:1:256:4:16:128:4:1:4", "rows8-bh512": "512:8:1024:4:0:1:256:4:16:128:4:1:8"}
+
+
+@pytest.mark.parametrize("case", ["bf16", "bf16-probs-pad", "fp8-scales-probs", "bf16-rows4", "bf16-rows8-bh512",
+                                  "fp8-scales-probs-pad-rows4", "bf16-k1-rows8-bh512"])
 def test_permute_kernels_compile_for_sm90(case, monkeypatch):
-    T, H, K, E = 4096, 7168, 8, 256
+    T, H, K, E = 4096, 7168, 1 if "k1" in case else 8, 256
     meta = lambda shape, dt: torch.empty(shape, dtype=dt, device="meta")  # noqa: E731
     x = meta((T, H), torch.float8_e4m3fn if "fp8" in case else torch.bfloat16)
     scales = meta((T, H // 128), torch.float32) if "scales" in case else None
     probs = meta((T, K), torch.float32) if "probs" in case else None
     pad = 16 if "pad" in case else 0
+    variant = next((v for name, v in ROWS.items() if case.endswith(name)), "")
     seen = _launches(monkeypatch, lambda: triton_impl.permute(x, meta((T, K), torch.int64), E, scales, pad,
-                                                              T * K + E * 15 * (pad > 0), "", probs))
+                                                              T * K + E * 15 * (pad > 0), variant, probs))
     names = [fn.__name__ for fn, _, _, _ in seen]
-    assert names[:3] == ["_route_rank", "_route_scan", "_permute_copy"], names
+    copy = "_permute_copy_rows" if variant else "_permute_copy"
+    assert names[:3] == ["_route_rank", "_route_scan", copy], names
     assert [p for _, _, _, p in seen[:3]] == [False, True, True]   # scan and copy: dependent launches
     for fn, warps, args, pdl in seen:
         _compile(fn, warps, args, pdl)

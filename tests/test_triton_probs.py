@@ -16,7 +16,8 @@ from conftest import LaunchSpy
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted = pytest.mark.skipif(not INTERPRET, reason="runs in the subprocess of test_interpreter")
 SENTINEL = 85
-COPIES = {"plain": "1024:4:1024:4:0:0", "streaming": "1024:4:1024:4:0:1", "tma": "1024:4:1024:4:1"}
+COPIES = {"plain": "1024:4:1024:4:0:0", "streaming": "1024:4:1024:4:0:1", "tma": "1024:4:1024:4:1",
+          "rows": "1024:4:1024:4:0:1:256:4:16:128:4:1:4", "rows-plain-bh8": "8:4:1024:4:0:0:256:4:16:128:4:1:8"}
 
 
 def routing(T, K, E, seed, mask_frac=0.25):
@@ -125,7 +126,7 @@ def test_no_slots(ti):
 
 
 @interpreted
-@pytest.mark.parametrize("kernel", ["_permute_copy", "_permute_copy_tma"])
+@pytest.mark.parametrize("kernel", ["_permute_copy", "_permute_copy_tma", "_permute_copy_rows"])
 @pytest.mark.parametrize("H", [1536, 1000])
 def test_copy_kernels_write_only_their_rows(ti, kernel, H):
     """Kernel level: into outputs prefilled with a sentinel, each copy kernel writes every valid
@@ -148,6 +149,9 @@ def test_copy_kernels_write_only_their_rows(ti, kernel, H):
     if kernel == "_permute_copy":
         ti._permute_copy[(T,)](xw, scales, probs, ow, out_s, out_p, idx, ws, row_map, lay.B0, lay.S0, W, 2,
                                E, lay.SB, K, 4, 1024, True, True, 16, 1, False)
+    elif kernel == "_permute_copy_rows":      # 4 tokens per program: the last program has 2 past T
+        ti._permute_copy_rows[(3,)](xw, scales, probs, ow, out_s, out_p, idx, ws, row_map, lay.B0, lay.S0, T, W,
+                                    2, E, lay.SB, K, 4, 4, 256, True, True, 16, 1, False)
     else:
         desc, NC, BW, NB, BB = ti._tma_desc(ow, r_max, W, 1024)
         ti._permute_copy_tma[(T,)](xw, scales, probs, desc, out_s, out_p, idx, ws, row_map, lay.B0, lay.S0,

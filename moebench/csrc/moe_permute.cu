@@ -1,6 +1,6 @@
 // moebench permute / unpermute / sort-chunks CUDA kernels (see moe_permute.h for the contract).
 //
-// Permute = three launches, no host round trip before the copy:
+// Permute = one fused launch (permute_rows) or three, no host round trip before the copy:
 //   route_rank  : slots in blocks of 256*ITEMS; each warp ranks its slots stably per expert with
 //                 __match_any_sync; per-warp counts are scanned in shared memory; writes each
 //                 slot's rank inside its block and the block's per-expert counts [NB, E].
@@ -8,9 +8,12 @@
 //                 expert; the last block to finish scans the expert totals (expert starts padded
 //                 to `pad`): tokens per expert and the row count, also written to mapped pinned
 //                 host memory so the host can learn R while the copy runs.
-//   permute_bulk: (sm_90+, 16-byte rows) lane 0 of a one-warp block bulk-loads (TMA) a row chunk
-//                 into shared memory and bulk-stores it to its K rows; writes row_map (and, when
-//                 asked, each row's routing weight: permute with probs, one launch).
+//   permute_rows: (default; sm_90+, 16-byte rows; csrc/permute_rows.cuh) one-warp CTAs each
+//                 bulk-load C whole rows into shared memory, then bulk-store the C x K rows; by
+//                 default with the rank/scan work fused in (one cooperative launch, no route_*
+//                 kernels); writes row_map (and, when asked, each row's routing weight).
+//   permute_bulk: (variant bit 13, the previous default) lane 0 of a one-warp block bulk-loads a
+//                 row chunk into one of 3 buffers and bulk-stores it to its K rows.
 //   permute_copy: (fallback, or variant bit 4) one warp per token reads its row once (16-byte
 //                 vectors, UNROLL in flight) and stores it to its K rows. fp8 scales ride along.
 // Unpermute: one warp per token, all K rows' vectors loaded before use (KMAX compile-time), fp32
@@ -310,7 +313,8 @@ __global__ void __launch_bounds__(kThreads) permute_copy_kernel(
 }
 
 // ------------------------------------------------------------------ permute_bulk (sm_90+)
-// Bulk-copy (TMA) path: one warp per block, NBUF shared-memory buffers of one row chunk each.
+// One-row bulk-copy (TMA) path (variant bit 13): one warp per block, NBUF shared-memory buffers of
+// one row chunk each.
 // Lane 0 loads a chunk with cp.async.bulk (completion on an mbarrier) and stores it to its K
 // rows with K cp.async.bulk shared->global copies; the other lanes only work out the rows.
 // Blocks stride over (token, chunk) items; a buffer is refilled once its stores have read it.
@@ -651,22 +655,37 @@ int warp_copy(const CopyArgs& a, int variant, cudaStream_t st) {
   return 0;
 }
 
-// Blocks per SM of a bulk kernel with `smem` bytes, asked once per (kernel, smem, device): the
-// attribute and occupancy calls cost host time on every permute otherwise.
-int bulk_blocks_per_sm(const void* kern, int smem, int dev) {
-  struct Entry { const void* k; int smem, dev, per_sm; };
-  static Entry cache[64];
+// Blocks per SM of kern with `smem` bytes of dynamic shared memory (0 when they do not fit), asked
+// once per (kernel, threads, smem, device): the attribute and occupancy calls cost host time on every
+// permute otherwise. The kernel's dynamic shared-memory limit is raised once to all the device
+// allows (not to `smem`: a later call with more would find a stale, lower limit). -1: a CUDA error
+// (cleared, so that a fallback launch does not report it).
+int blocks_per_sm(const void* kern, int threads, int smem, int dev) {
+  struct Entry { const void* k; int threads, smem, dev, per_sm; };
+  static Entry cache[128];
   static int n = 0;
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
   for (int i = 0; i < n; ++i)
-    if (cache[i].k == kern && cache[i].smem == smem && cache[i].dev == dev) return cache[i].per_sm;
-  if (smem > 48 * 1024 &&
-      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+    if (cache[i].k == kern && cache[i].threads == threads && cache[i].smem == smem && cache[i].dev == dev)
+      return cache[i].per_sm;
+  cudaFuncAttributes fa;
+  int optin = 0, per_sm = 0;
+  if (cudaFuncGetAttributes(&fa, kern) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    cudaGetLastError();
     return -1;
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 32, smem) != cudaSuccess) return -1;
-  if (n < 64) cache[n++] = Entry{kern, smem, dev, per_sm};
+  }
+  const int limit = optin - (int)fa.sharedSizeBytes;
+  if (smem <= limit) {
+    if ((fa.maxDynamicSharedSizeBytes < limit &&
+         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, limit) != cudaSuccess) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, threads, smem) != cudaSuccess) {
+      cudaGetLastError();
+      return -1;
+    }
+  }
+  if (n < 128) cache[n++] = Entry{kern, threads, smem, dev, per_sm};
   return per_sm;
 }
 
@@ -674,7 +693,7 @@ template <int NBUF, bool EF>
 int launch_bulk(const CopyArgs& a, int64_t chunk, int64_t nchunk, int dev, cudaStream_t st) {
   auto kern = permute_bulk_kernel<NBUF, EF>;
   const int smem = (int)(NBUF * chunk);
-  const int per_sm = bulk_blocks_per_sm(reinterpret_cast<const void*>(kern), smem, dev);
+  const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(kern), 32, smem, dev);
   if (per_sm < 1) return fail("permute_bulk_kernel: no occupancy for its shared memory");
   int sms = 132;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
@@ -693,7 +712,8 @@ int bulk_hints(const CopyArgs& a, int64_t chunk, int64_t nchunk, int variant, in
                        : launch_bulk<NBUF, true>(a, chunk, nchunk, dev, st);
 }
 
-// Bulk-copy path, when the GPU has it (sm_90+) and rows are 16-byte multiples at 16-byte aligned
+// Bulk-copy path (variant bit 13, the previous default; also rows the rows kernel cannot hold in
+// shared memory), when the GPU has it (sm_90+) and rows are 16-byte multiples at 16-byte aligned
 // addresses; returns 1 when it does not apply. variant bit 0: no L2 evict-first hints on the
 // loads and stores; bits 5-6: buffers per block 3 (0), 2, 3 or 4; bit 7: chunks of <= 4 KB,
 // not <= 16 KB.
@@ -710,6 +730,7 @@ int bulk_copy(const CopyArgs& a, int variant, int dev, cudaStream_t st) {
 }
 
 #include "permute_gather.cuh"
+#include "permute_rows.cuh"
 
 // variant bit 1: 2 vectors per row in flight for K <= 8 (more registers, fewer warps)
 template <typename T, int VEC>
@@ -760,6 +781,72 @@ int launch_sort_chunks(const void* x, int64_t rb, int64_t R, const int64_t* size
   return 0;
 }
 
+// ------------------------------------------------------------------ permute: index work and copy choice
+constexpr int kNotRows = 16 | 256 | 8192;  // variant bits that pick another copy than permute_rows
+constexpr int kUnfused = 16384;            // permute_rows after route_rank / route_scan
+
+int64_t fused_count_words(int64_t n, int E) {
+  return E <= kFusedMaxE ? std::min<int64_t>(std::max<int64_t>(n, 1), kFusedMaxCtas) * E : 0;
+}
+
+// moe_permute's workspace (sizes in moe_permute_workspace_bytes): lrank [n] | base [NB, E] | estart
+// [E] | ecount [E] | total | scan arrivals | gather's inv [n + E*(pad-1)] | fused counts.
+struct Workspace {
+  int items, SB, NB;
+  int32_t *lrank, *base, *estart, *ecount, *total, *inv, *fused;
+  unsigned* done;
+};
+
+Workspace workspace_layout(void* ws, int64_t n, int E, int pad) {
+  Workspace w;
+  w.items = slot_items(n);
+  w.SB = kThreads * w.items;
+  w.NB = (int)cdiv(std::max<int64_t>(n, 1), w.SB);
+  w.lrank = static_cast<int32_t*>(ws);
+  w.base = w.lrank + n;
+  w.estart = w.base + (int64_t)w.NB * E;
+  w.ecount = w.estart + E;
+  w.total = w.ecount + E;
+  w.done = reinterpret_cast<unsigned*>(w.total + 1);
+  w.inv = w.total + 2;
+  w.fused = w.inv + n + (int64_t)E * std::max(pad - 1, 0);
+  return w;
+}
+
+// route_rank + route_scan: each slot's rank in its block, block bases, expert starts, tokens per
+// expert and the row count (to host_total / host_tpe too when given).
+int launch_index(const Workspace& w, const void* idx, bool idx64, int64_t n, int E, int pad, int32_t* tpe,
+                 int32_t* host_total, int32_t* host_tpe, cudaStream_t stream) {
+  const size_t smem_rank = sizeof(int32_t) * kWarps * (size_t)E;
+#define MOE_RANK(I)                                                                         \
+  case I:                                                                                   \
+    if (smem_rank > 48 * 1024 &&                                                            \
+        cudaFuncSetAttribute(route_rank_kernel<I>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                             (int)smem_rank) != cudaSuccess)                                \
+      return fail("route_rank_kernel: too many experts for shared memory");                 \
+    route_rank_kernel<I><<<w.NB, kThreads, smem_rank, stream>>>(idx, idx64, n, E, w.lrank, w.base, w.done); \
+    break;
+  switch (w.items) { MOE_RANK(1) MOE_RANK(2) MOE_RANK(4) MOE_RANK(8) MOE_RANK(16) }
+#undef MOE_RANK
+  MOE_CHECK_LAUNCH("route_rank_kernel");
+  route_scan_kernel<<<(unsigned)cdiv(E, 32), dim3(32, 32), 0, stream>>>(w.base, w.NB, E, pad, tpe, w.estart,
+                                                                     w.ecount, w.total, host_total,
+                                                                     host_tpe, w.done);
+  MOE_CHECK_LAUNCH("route_scan_kernel");
+  return 0;
+}
+
+// The copy after the index kernels: the destination-order gather (bit 8), the rows kernel
+// (default), the one-row bulk kernel (bit 13, or rows that do not fit shared memory), the warp copy
+// (bit 4, or rows the bulk copies cannot move); each returns 1 when it does not apply.
+int copy_after_index(const CopyArgs& a, const Workspace& w, int variant, int dev, cudaStream_t st) {
+  int rc = (variant & 256) ? gather_copy(a, w.NB, w.ecount, w.inv, variant, dev, st) : 1;
+  if (rc == 1 && !(variant & kNotRows)) rc = rows_copy(a, variant, dev, st);
+  if (rc == 1 && !(variant & 16)) rc = bulk_copy(a, variant, dev, st);
+  if (rc == 1) rc = warp_copy(a, variant, st);
+  return rc < 0 ? -1 : 0;
+}
+
 }  // namespace
 
 // ================================================================== C API
@@ -772,8 +859,9 @@ size_t moe_permute_workspace_bytes(int64_t n_slots, int E, int pad) {
   const int64_t nb = cdiv(std::max<int64_t>(n_slots, 1), sb);
   // lrank [n] + counts/base [nb*E] + estart [E] + ecount [E] + total [1] + scan arrivals [1]
   // + the gather's row -> slot map, indexed by output row: [n + E*(pad-1)] rows with padding
+  // + the fused rows kernel's per-CTA counts
   const int64_t rows = n_slots + (int64_t)E * std::max(pad - 1, 0);
-  return sizeof(int32_t) * (size_t)(n_slots + rows + nb * E + 2 * (int64_t)E + 2);
+  return sizeof(int32_t) * (size_t)(n_slots + rows + nb * E + 2 * (int64_t)E + 2 + fused_count_words(n_slots, E));
 }
 
 int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int64_t s_row_bytes,
@@ -785,18 +873,7 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
   if (E < 1 || E > 4096) return fail("moe_permute: need 1 <= E <= 4096");
   if (idx_bytes != 4 && idx_bytes != 8) return fail("moe_permute: idx must be int32 or int64");
   const int64_t n = T * K;
-  const int items = slot_items(n);
-  const int SB = kThreads * items;
-  const int NB = (int)cdiv(std::max<int64_t>(n, 1), SB);
-  int32_t* lrank = static_cast<int32_t*>(workspace);
-  int32_t* base = lrank + n;
-  int32_t* estart = base + (int64_t)NB * E;
-  int32_t* ecount = estart + E;
-  int32_t* total = ecount + E;
-  unsigned* done = reinterpret_cast<unsigned*>(total + 1);
-  int32_t* inv = total + 2;
-  const bool idx64 = idx_bytes == 8;
-
+  const Workspace w = workspace_layout(workspace, n, E, pad);
   int dev = 0;
   cudaGetDevice(&dev);
   HostSlots* hs = wait ? host_slots(dev) : nullptr;
@@ -804,42 +881,31 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
   const unsigned slot = wait ? g_slot_next.fetch_add(1) % kSlots : 0;
   int32_t* host_total = wait ? hs->host + slot : nullptr;
   if (host_total) *(volatile int32_t*)host_total = -1;
-
-  const size_t smem_rank = sizeof(int32_t) * kWarps * (size_t)E;
-#define MOE_RANK(I)                                                                         \
-  case I:                                                                                   \
-    if (smem_rank > 48 * 1024 &&                                                            \
-        cudaFuncSetAttribute(route_rank_kernel<I>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                             (int)smem_rank) != cudaSuccess)                                \
-      return fail("route_rank_kernel: too many experts for shared memory");                 \
-    route_rank_kernel<I><<<NB, kThreads, smem_rank, stream>>>(idx, idx64, n, E, lrank, base, done); \
-    break;
-  switch (items) { MOE_RANK(1) MOE_RANK(2) MOE_RANK(4) MOE_RANK(8) MOE_RANK(16) }
-#undef MOE_RANK
-  MOE_CHECK_LAUNCH("route_rank_kernel");
-  route_scan_kernel<<<(unsigned)cdiv(E, 32), dim3(32, 32), 0, stream>>>(base, NB, E, pad, tpe, estart,
-                                                                     ecount, total, host_total,
-                                                                     wait ? host_tpe : nullptr, done);
-  MOE_CHECK_LAUNCH("route_scan_kernel");
-  if (wait) {
-    cudaError_t e = cudaEventRecord(hs->ev[slot], stream);
-    if (e != cudaSuccess) return fail("moe_permute: event record", e);
+  host_tpe = wait ? host_tpe : nullptr;
+  const CopyArgs a{x, x_row_bytes, scales, scales ? s_row_bytes : 0, idx, idx_bytes == 8, T, K, E, w.SB,
+                   w.lrank, w.base, w.estart, out, out_scales, row_map, probs, probs ? out_probs : nullptr};
+  int fused = 1;  // 0: the fused rows kernel did the index work and the copy
+  if (T > 0 && !(variant & (kNotRows | kUnfused))) {
+    fused = rows_fused(a, FusedOut{pad, w.ecount, tpe, w.total, host_total, host_tpe, w.fused}, variant, dev, stream);
+    if (fused < 0) return -1;
   }
-  if (T > 0) {
-    const CopyArgs a{x, x_row_bytes, scales, scales ? s_row_bytes : 0, idx, idx64, T, K, E, SB,
-                     lrank, base, estart, out, out_scales, row_map, probs, probs ? out_probs : nullptr};
-    int rc = (variant & 256) ? gather_copy(a, NB, ecount, inv, variant, dev, stream) : 1;
-    if (rc == 1) rc = (variant & 16) ? 1 : bulk_copy(a, variant, dev, stream);
-    if (rc < 0 || (rc == 1 && warp_copy(a, variant, stream) < 0)) return -1;
+  if (fused) {
+    if (launch_index(w, idx, idx_bytes == 8, n, E, pad, tpe, host_total, host_tpe, stream) < 0) return -1;
+    if (wait) {
+      cudaError_t e = cudaEventRecord(hs->ev[slot], stream);
+      if (e != cudaSuccess) return fail("moe_permute: event record", e);
+    }
+    if (T > 0 && copy_after_index(a, w, variant, dev, stream) < 0) return -1;
   }
   if (pad > 1) {
     zero_pad_kernel<<<E, kThreads, 0, stream>>>(static_cast<uint8_t*>(out), x_row_bytes,
                                                 static_cast<uint8_t*>(out_scales),
-                                                scales ? s_row_bytes : 0, estart, ecount, tpe,
+                                                scales ? s_row_bytes : 0, w.estart, w.ecount, tpe,
                                                 probs ? out_probs : nullptr);
     MOE_CHECK_LAUNCH("zero_pad_kernel");
   }
   if (!wait) return 0;
+  if (!fused) return poll_row_count(host_total, stream);
   cudaError_t e = cudaEventSynchronize(hs->ev[slot]);
   if (e != cudaSuccess) return fail("moe_permute: waiting for the row count", e);
   return *(volatile int32_t*)host_total;

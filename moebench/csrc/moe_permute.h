@@ -21,16 +21,23 @@ size_t moe_permute_workspace_bytes(int64_t n_slots, int E, int pad);
 // -1 = skipped; pad > 1 pads each expert to a multiple of pad with zero rows. Writes row_map
 // [T, K] int32 and tokens_per_expert [E] int32. out must hold T*K + E*(pad-1) rows. probs [T, K]
 // fp32 (may be null): out_probs [R] gets probs[t, k] at row row_map[t, k], 0 on padding rows.
-// wait != 0: returns the row count R, waiting only for the index kernels (the copy stays queued);
-// host_tpe (E int32 of mapped pinned host memory, may be null) then holds tokens_per_expert too.
-// wait == 0: returns 0 without waiting. variant (tuning knobs; 0 is the default):
-// bit 4 = per-warp register copy instead of the bulk-copy (TMA) one (which needs sm_90+ and
-// 16-byte rows; without them the warp copy runs). Bulk copy: bit 0 = no L2 evict-first hints on
-// loads and stores, bits 5-6 = 3 (0), 2, 3 or 4 buffers per block, bit 7 = row chunks <= 4 KB not 16 KB.
-// Warp copy: bit 0 = streaming loads/stores, bit 1 = 8 vectors per lane in flight, not 4,
-// bits 2-3 = 1, 2, 4 or 8 warps per token. bit 8 = gather in destination order by token tile
-// (csrc/permute_gather.cuh; 16-byte rows): bit 9 = plain stores, not streaming, bits 10-11 =
-// tiles of 512 (0), 128, 2048 or 8192 tokens.
+// wait != 0: returns the row count R, waiting only for the index work (the copy stays queued, or,
+// fused, runs on in the same kernel); host_tpe (E int32 of mapped pinned host memory, may be null)
+// then holds tokens_per_expert too. wait == 0: returns 0 without waiting.
+// variant (tuning knobs; 0 is the default; impl "cuda@V[:C]" in moebench.ops):
+// default copy = the rows kernel (csrc/permute_rows.cuh; sm_90+, 16-byte rows at 16-byte aligned
+// addresses): one-warp CTAs each bulk-load C whole rows into shared memory, then bulk-store their
+// C x K rows; bits 16-20 = C, rows per CTA, 1-16 (0: auto, as many as 112 KB hold); bit 0 = no L2
+// evict-first hints; bit 14 = after the separate index kernels (route_rank + route_scan), not with
+// the index work fused into the copy (the default where E <= 1024 and the device takes a
+// cooperative launch). Rows the rows kernel cannot take (shared memory, alignment) go to the bulk
+// kernel, then the warp copy.
+// bit 13 = the one-row bulk-copy (TMA) kernel, the previous default: bit 0 = no L2 evict-first
+// hints, bits 5-6 = 3 (0), 2, 3 or 4 buffers per block, bit 7 = row chunks <= 4 KB not 16 KB.
+// bit 4 = per-warp register copy: bit 0 = streaming loads/stores, bit 1 = 8 vectors per lane in
+// flight, not 4, bits 2-3 = 1, 2, 4 or 8 warps per token. bit 8 = gather in destination order by
+// token tile (csrc/permute_gather.cuh; 16-byte rows): bit 9 = plain stores, not streaming, bits
+// 10-11 = tiles of 512 (0), 128, 2048 or 8192 tokens.
 int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int64_t s_row_bytes,
                     const void* idx, int idx_bytes, int64_t T, int K, int E, int pad, void* out,
                     void* out_scales, int32_t* row_map, int32_t* tokens_per_expert,

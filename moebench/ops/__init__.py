@@ -5,7 +5,7 @@ Legend: T tokens, H hidden, K top-k, E experts, R permuted rows, S scale columns
 Why this shape:
 - One schema per op in the ``moebench`` namespace (``torch.ops.moebench.permute`` etc.); the
   implementation is a string argument (``impl``: "torch" | "triton" | "cuda", and for tuning
-  "cuda@V" / "triton@BH:WARPS:UBH:UWARPS:TMA", see cuda_impl / triton_impl), so a benchmark or a
+  "cuda@V[:C]" / "triton@BH:WARPS:UBH:UWARPS:TMA:...", see cuda_variant / triton_impl), so a benchmark or a
   backend can pick one per call (no module-global knob state), and ``torch.library.opcheck`` covers all of them. The ops are
   registered with ``Library.define``/``impl`` (CPU and CUDA keys plus a fake kernel), not
   ``@custom_op``, whose per-call overhead is several microseconds.
@@ -108,8 +108,25 @@ def _backend(impl: str, device: torch.device, op: str):
     name, _, variant = impl.partition("@")
     if variant and (name not in ("cuda", "triton") or op == "sort_chunks_by_idxs"):
         raise ValueError(f"impl {name!r} has no variants for {op} (only cuda@V and triton@... permute/unpermute)")
+    if variant:
+        _check_variant(name, variant)
     hit = _resolved[key] = (_module(name, device, op), variant)
     return hit
+
+
+def _check_variant(name: str, variant: str) -> None:
+    """Refuse a malformed variant with its reason when the impl string is resolved (once per impl,
+    on any machine, the GPU or not), never at a launch. The CUDA permute's rows-per-CTA against a
+    shape's shared memory is checked per shape (cuda_impl: falls back with a warning)."""
+    if name == "cuda":
+        from . import cuda_variant
+        cuda_variant.parse(variant)
+        return
+    try:
+        from . import triton_impl
+    except ImportError:  # pragma: no cover - no Triton here: _module says so
+        return
+    triton_impl.knobs(variant)
 
 
 def _module(impl: str, device: torch.device, op: str):

@@ -9,20 +9,24 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from ..env.toolkit import CSRC_DIR, find_nvcc
+from . import cuda_variant
 from .pinned import PinnedRing
 
 _C = None
 _why = "not loaded yet"
 CSRC = CSRC_DIR
 SOURCES = ("moe_permute.cu", "bindings.cpp")
-# Kernel variant bits (csrc/moe_permute.h): impl "cuda@V" picks V per call; these are the defaults.
-VARIANT_PERMUTE = int(os.environ.get("MOEBENCH_CUDA_PERMUTE_VARIANT", "0"))
+HEADERS = ("moe_permute.h", "permute_gather.cuh", "permute_rows.cuh")
+# Kernel variants (csrc/moe_permute.h, ops/cuda_variant.py): impl "cuda@V" or "cuda@V:C" picks one per
+# call; these are the defaults ("V[:C]" strings, parsed on first use).
+VARIANT_PERMUTE = os.environ.get("MOEBENCH_CUDA_PERMUTE_VARIANT", "")
 VARIANT_UNPERMUTE = int(os.environ.get("MOEBENCH_CUDA_UNPERMUTE_VARIANT", "0"))
 _DTYPE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 HOST_COUNTS = True    # permute(host_counts=True): tokens per expert on the host before the copy ends
@@ -41,7 +45,7 @@ def _jit_build():
     major, minor = torch.cuda.get_device_capability()
     arch = f"{major}{minor}" + ("a" if major == 9 else "")
     h = hashlib.sha1()
-    for s in srcs + [CSRC / "moe_permute.h", CSRC / "permute_gather.cuh"]:
+    for s in srcs + [CSRC / hdr for hdr in HEADERS]:
         h.update(s.read_bytes())
     h.update(f"{torch.__version__}-{arch}".encode())
     build_dir = Path(os.environ.get("MOEBENCH_EXT_DIR", Path.home() / ".cache/moebench/ext"))
@@ -107,6 +111,36 @@ def _ws_words(n: int, E: int, pad: int) -> int:
     return w
 
 
+_SMEM: dict = {}     # device -> shared memory per block (opt-in)
+_CODES: dict = {}    # (variant, row bytes, K, E, x aligned, device) -> moe_permute's variant int
+
+
+def _smem_optin(dev: torch.device) -> int:
+    v = _SMEM.get(dev)
+    if v is None:
+        props = torch.cuda.get_device_properties(dev)
+        v = _SMEM[dev] = int(getattr(props, "shared_memory_per_block_optin", 0) or cuda_variant.HOPPER_SMEM_OPTIN)
+    return v
+
+
+def _permute_code(variant: str, row_bytes: int, K: int, E: int, aligned: bool, dev: torch.device) -> int:
+    """The variant int for moe_permute, resolved once per shape: an explicit rows-per-CTA the rows
+    kernel cannot take at this shape (cuda_variant.rows_problem, or x not 16-byte aligned) falls
+    back to the default (auto) with a warning, never to a failed launch."""
+    key = (variant, row_bytes, K, E, aligned, dev)
+    code = _CODES.get(key)
+    if code is None:
+        v = cuda_variant.parse(variant)
+        if v.rows and v.rows_kernel:
+            why = (cuda_variant.rows_problem(v.rows, row_bytes, K, E, _smem_optin(dev))
+                   or ("" if aligned else "x is not 16-byte aligned"))
+            if why:
+                warnings.warn(f"cuda@{variant}: {why}; running it with the default rows per CTA", stacklevel=5)
+                v = v._replace(rows=0)
+        code = _CODES[key] = v.code
+    return code
+
+
 E_MAX = 4096                     # the CUDA kernels' expert limit (larger E goes to Triton)
 # tokens per expert, written by the scan kernel: the host reads them once the index kernels are done,
 # while the copy still runs
@@ -148,13 +182,15 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
     wait = 1 if (num_out_rows < 0 or host_counts) else 0
     row = _HOST_COUNTS.take(dev) if host_counts else None
     host_ptr = row.host.data_ptr() + 4 * row.offset if row else 0
-    R = _C.permute(x.data_ptr(), x.shape[1] * x.element_size(),
+    rb = x.shape[1] * x.element_size()
+    code = _permute_code(variant or VARIANT_PERMUTE, rb, K, E, x.data_ptr() % 16 == 0, dev)
+    R = _C.permute(x.data_ptr(), rb,
                    s.data_ptr() if s is not None else 0,
                    s.shape[1] * s.element_size() if s is not None else 0,
                    idx.data_ptr(), idx.element_size(), T, K, E, pad, out.data_ptr(),
                    out_s.data_ptr() if out_s is not None else 0, row_map.data_ptr(), tpe.data_ptr(),
                    p.data_ptr() if p is not None else 0, out_p.data_ptr() if p is not None else 0,
-                   meta.data_ptr() + 4 * o_ws, wait, host_ptr, int(variant) if variant else VARIANT_PERMUTE, _stream(dev))
+                   meta.data_ptr() + 4 * o_ws, wait, host_ptr, code, _stream(dev))
     if not wait:
         R = int(num_out_rows)
     if R != r_max:
@@ -182,7 +218,8 @@ def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor, variant: str 
     if y.shape[0] == 0:
         return out.zero_()
     _C.unpermute(y.data_ptr(), _DTYPE[y.dtype], rm.data_ptr(), w.data_ptr(), _DTYPE[w.dtype],
-                 out.data_ptr(), T, K, H, int(variant) if variant else VARIANT_UNPERMUTE, _stream(y.device))
+                 out.data_ptr(), T, K, H, cuda_variant.parse(variant).bits if variant else VARIANT_UNPERMUTE,
+                 _stream(y.device))
     return out
 
 

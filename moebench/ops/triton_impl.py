@@ -18,6 +18,7 @@ except ImportError:  # pragma: no cover - Triton without host-side tensor descri
 from .pinned import PinnedRing
 from .triton_kernels import (
     _permute_copy,
+    _permute_copy_rows,
     _permute_copy_tma,
     _route_rank,
     _route_scan,
@@ -30,7 +31,7 @@ from .triton_launch import launch
 
 
 class Knobs(NamedTuple):
-    """Tunables (per-kernel block sizes). impl "triton@BH:WARPS:UBH:UWARPS:TMA:CS:SB:RW:EB:BB:SW:PDL"
+    """Tunables (per-kernel block sizes). impl "triton@BH:WARPS:UBH:UWARPS:TMA:CS:SB:RW:EB:BB:SW:PDL:CR"
     (a prefix of them; the rest default) picks them per call; env overrides
     (MOEBENCH_TRITON_<FIELD>) set the defaults."""
     copy_bh: int        # words per chunk (permute)
@@ -62,17 +63,22 @@ class Knobs(NamedTuple):
     # On by default: hiding the launch latency between the kernels makes the permute slightly faster
     # (bench/results/README.md, "Why the permute defaults are what they are").
     pdl: int
+    # tokens per copy program (a power of 2, 1-64): > 1 runs ``_permute_copy_rows``, whose program
+    # loads a [copy_rows, copy_bh] tile of rows at once and stores it K times, the CUDA rows kernel's
+    # structure (several whole rows in flight per SM). 1 (default): the plain one-token programs,
+    # until the GPU says which is faster (no TMA form: refused with copy_tma 1).
+    copy_rows: int
 
 
 DEFAULT_KNOBS = Knobs(*(int(os.environ.get(f"MOEBENCH_TRITON_{k.upper()}", v)) for k, v in
                         (("copy_bh", 1024), ("copy_warps", 4), ("unperm_bh", 1024), ("unperm_warps", 4),
                          ("copy_tma", 0), ("copy_cs", 1), ("rank_sb", 256), ("rank_warps", 4),
-                         ("scan_eb", 16), ("scan_bb", 128), ("scan_warps", 4), ("pdl", 1))))
+                         ("scan_eb", 16), ("scan_bb", 128), ("scan_warps", 4), ("pdl", 1), ("copy_rows", 1))))
 
 
 def knobs(variant: str = "") -> Knobs:
-    """The Knobs of a variant string "BH:WARPS:UBH:UWARPS:TMA:CS:SB:RW:EB:BB:SW:PDL" ('' or a prefix:
-    the rest default)."""
+    """The Knobs of a variant string "BH:WARPS:UBH:UWARPS:TMA:CS:SB:RW:EB:BB:SW:PDL:CR" ('' or a
+    prefix: the rest default)."""
     return _parse_knobs(variant) if variant else DEFAULT_KNOBS
 
 
@@ -82,10 +88,14 @@ def _parse_knobs(variant: str) -> Knobs:
     if len(vals) > len(Knobs._fields):
         raise ValueError(f"triton@{variant}: at most {len(Knobs._fields)} values ({':'.join(Knobs._fields)})")
     k = DEFAULT_KNOBS._replace(**dict(zip(Knobs._fields, vals)))
-    for f in ("rank_sb", "scan_eb", "scan_bb"):
+    for f in ("rank_sb", "scan_eb", "scan_bb", "copy_rows"):
         v = getattr(k, f)
         if v < 1 or v & (v - 1):
             raise ValueError(f"triton@{variant}: {f} must be a power of 2, not {v}")
+    if k.copy_rows > 64:
+        raise ValueError(f"triton@{variant}: copy_rows must be at most 64, not {k.copy_rows}")
+    if k.copy_rows > 1 and k.copy_tma:
+        raise ValueError(f"triton@{variant}: copy_rows {k.copy_rows} has no TMA form (copy_tma must be 0)")
     return k
 
 
@@ -253,6 +263,10 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
         _permute_copy_tma[(T,)](xw, sw, pk, desc, osw, out_p, idx, ws, row_map, lay.B0, lay.S0, W, WS,
                                 E, lay.SB, NC, BW, K=K, KP=KP, NB=NB, BB=BB, HAS_S=has_s,
                                 HAS_P=has_p, BS=BS, PDL=pdl, num_warps=k.copy_warps, launch_pdl=pdl)
+    elif k.copy_rows > 1:
+        launch(_permute_copy_rows, (-(-T // k.copy_rows),), k.copy_warps, xw, sw, pk, ow, osw, out_p, idx, ws,
+               row_map, lay.B0, lay.S0, T, W, WS, E, lay.SB, K, KP, k.copy_rows, BH, has_s, has_p, BS,
+               k.copy_cs, pdl, pdl=pdl)
     else:
         launch(_permute_copy, (T,), k.copy_warps, xw, sw, pk, ow, osw, out_p, idx, ws, row_map,
                lay.B0, lay.S0, W, WS, E, lay.SB, K, KP, BH, has_s, has_p, BS, k.copy_cs, pdl, pdl=pdl)

@@ -13,8 +13,9 @@ Permute runs in three launches, no host sync before the copy:
    routing probabilities (HAS_P: probs[t, k] to row ``row_map[t, k]``, fp32) ride along.
    ``_permute_copy_tma`` does the same with each row write as a TMA bulk store through a host
    tensor descriptor (Hopper+, rows a multiple of 16 bytes; knob COPY_TMA), else
-   ``_permute_copy`` runs. With padding, ``_zero_pad`` then zeroes the padding rows (payload,
-   scales, probs).
+   ``_permute_copy`` runs. ``_permute_copy_rows`` (knob ``copy_rows`` > 1) takes several tokens
+   per program, their row chunks in flight together. With padding, ``_zero_pad`` then zeroes the
+   padding rows (payload, scales, probs).
 PDL (Hopper+, knob ``pdl``): the scan and the copy are programmatic dependent launches. Each
 kernel lets the next one start early (``gdc_launch_dependents``) and the next waits in
 ``gdc_wait`` until the one before it has finished and its stores are visible, so the launch
@@ -239,6 +240,57 @@ def _permute_copy_tma(x_ptr, s_ptr, p_ptr, out_desc, outs_ptr, outp_ptr, idx_ptr
                     out_desc.store([rk, c0, w0], v3)
     if HAS_S:
         _copy_scales(s_ptr, outs_ptr, t, row, WS, KP, BS)
+
+
+@triton.jit
+def _permute_copy_rows(x_ptr, s_ptr, p_ptr, out_ptr, outs_ptr, outp_ptr, idx_ptr, ws_ptr, row_map_ptr,
+                       B0, S0, T, W, WS, E, SB, K: tl.constexpr, KP: tl.constexpr, CT: tl.constexpr,
+                       BH: tl.constexpr, HAS_S: tl.constexpr, HAS_P: tl.constexpr, BS: tl.constexpr,
+                       CS: tl.constexpr, PDL: tl.constexpr):
+    """``_permute_copy`` for CT tokens per program (knob ``copy_rows``): each chunk of the CT rows is
+    loaded once as a [CT, BH] tile, CT times the plain kernel's bytes in flight per program, and
+    stored to each row's K destinations (one [CT, BH] store per k: the [CT, KP, BH] broadcast would
+    hold KP times the registers). The CUDA rows kernel's structure (several whole rows in flight per
+    SM) in Triton's terms."""
+    if PDL:
+        gdc_wait()
+    t = tl.program_id(0).to(tl.int64) * CT + tl.arange(0, CT)
+    mt = t < T
+    ks = tl.arange(0, KP)
+    s = t[:, None] * K + ks[None, :]
+    ms = mt[:, None] & (ks < K)[None, :]
+    e = tl.load(idx_ptr + s, mask=ms, other=-1).to(tl.int32)
+    ok = ms & (e >= 0) & (e < E)
+    row = (tl.load(ws_ptr + S0 + e, mask=ok, other=0) + tl.load(ws_ptr + B0 + (s // SB) * E + e, mask=ok, other=0)
+           + tl.load(ws_ptr + s, mask=ok, other=0))
+    row = tl.where(ok, row, -1)
+    tl.store(row_map_ptr + s, row, mask=ms)
+    if HAS_P:
+        p = tl.load(p_ptr + s, mask=ok)
+        tl.store(outp_ptr + tl.where(ok, row, 0).to(tl.int64), p.to(tl.float32), mask=ok)
+    for h0 in range(0, W, BH):
+        h = h0 + tl.arange(0, BH)
+        mh = h < W
+        src = x_ptr + t[:, None] * W + h[None, :]
+        if CS:
+            v = tl.load(src, mask=mt[:, None] & mh[None, :], eviction_policy="evict_first")
+        else:
+            v = tl.load(src, mask=mt[:, None] & mh[None, :])
+        for k in tl.static_range(K):
+            rk = tl.sum(tl.where(ks[None, :] == k, row, 0), 1)         # [CT], loop-invariant: hoisted
+            dst = out_ptr + tl.where(rk >= 0, rk, 0).to(tl.int64)[:, None] * W + h[None, :]
+            if CS:
+                tl.store(dst, v, mask=(rk >= 0)[:, None] & mh[None, :], cache_modifier=".cs")
+            else:
+                tl.store(dst, v, mask=(rk >= 0)[:, None] & mh[None, :])
+    if HAS_S:
+        hs = tl.arange(0, BS)
+        ms_ = hs < WS
+        sv = tl.load(s_ptr + t[:, None] * WS + hs[None, :], mask=mt[:, None] & ms_[None, :])
+        for k in tl.static_range(K):
+            rk = tl.sum(tl.where(ks[None, :] == k, row, 0), 1)
+            tl.store(outs_ptr + tl.where(rk >= 0, rk, 0).to(tl.int64)[:, None] * WS + hs[None, :], sv,
+                     mask=(rk >= 0)[:, None] & ms_[None, :])
 
 
 @triton.jit
