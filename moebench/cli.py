@@ -200,3 +200,63 @@ def output_problem(path: str | None, flag: str, folder: bool = False) -> str:
 def first_output_problem(pairs) -> str:
     """The first problem of several (path, flag) outputs, or ''."""
     return next((m for m in (output_problem(p, f) for p, f in pairs) if m), "")
+
+
+# ---- settings declared once: a dataclass field is its flag ------------------------------------------
+def setting(value=None, flag: str | None = None, *, help: str = "", read=None, write=None, extra=(), **argparse_kw):
+    """A dataclass field (default `value`) that is a command-line flag: its argparse options (`default`
+    there is the flag's, else `value`), how the parsed flags give the field's value (`read(args, ctx)`;
+    default: the flag's own value) and how the field goes back into a command line (`write(value) ->
+    tokens`; default: `flag value` unless it is the field's default, `flag` for a switch). `extra`: more
+    (flag, argparse options) pairs that feed the same field. A new flag is one such field (and the code
+    that reads it)."""
+    from dataclasses import field
+    if flag and "default" not in argparse_kw and argparse_kw.get("action") not in ("store_true", "append"):
+        argparse_kw["default"] = value
+    meta = {"flag": flag, "help": help, "argparse": argparse_kw, "read": read, "write": write, "extra": tuple(extra)}
+    if isinstance(value, (dict, list, set)):
+        return field(default_factory=lambda: type(value)(value), metadata=meta)
+    return field(default=value, metadata=meta)
+
+
+def add_settings(p: argparse.ArgumentParser, cls) -> None:
+    """Every flag declared by `cls`'s fields (in field order)."""
+    import dataclasses
+    for f in dataclasses.fields(cls):
+        m = f.metadata
+        if m.get("flag"):
+            p.add_argument(m["flag"], help=m["help"], **m["argparse"])
+        for flag, kw in m.get("extra", ()):
+            p.add_argument(flag, **kw)
+
+
+def read_settings(cls, args, ctx: dict | None = None, skip: tuple[str, ...] = ()) -> dict:
+    """{field: value} of `cls`'s flag fields from parsed `args` (each field's `read`, else the flag's value)."""
+    import dataclasses
+    out = {}
+    for f in dataclasses.fields(cls):
+        m = f.metadata
+        if f.name in skip or not (m.get("flag") or m.get("read")):
+            continue
+        out[f.name] = m["read"](args, ctx or {}) if m.get("read") else getattr(args, _dest(m["flag"]))
+    return out
+
+
+def write_settings(obj) -> list[str]:
+    """The command-line tokens that give back `obj`'s flag fields."""
+    import dataclasses
+    argv: list = []
+    for f in dataclasses.fields(obj):
+        m, v = f.metadata, getattr(obj, f.name)
+        if m.get("write"):
+            argv += m["write"](v)
+        elif m.get("flag"):
+            if m["argparse"].get("action") == "store_true":
+                argv += [m["flag"]] if v else []
+            elif v is not None and v != f.default:
+                argv += [m["flag"], v]
+    return [str(a) for a in argv]
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")

@@ -22,6 +22,9 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     spec.add_args(p)        # the flags of one run (moebench/harness/spec.py)
     sweep.add_args(p)       # --sweep NAME, --knob-sweep, --max-cases, --redo-failed (moebench/harness/sweep.py)
+    p.add_argument("--wide", action="store_true",
+                   help="the table with every timing view timed, wirebw and long errors (default: api and graph, "
+                        "or the views --views names; the JSONL holds everything either way)")
     return p
 
 
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                                        f"{args.out}; not run: {', '.join(left)}") from None
     if joined is not None and joined[0] != 0:
         return 0
-    print(tables.format_table(records))
+    print(tables.format_table(records, run.table_views(args.wide), args.wide))
     print(f"# {len(records)} records appended to {args.out} as each backend finished")
     if run.device == "cpu":
         print("# CPU/gloo run: the times above are functional only, not performance figures")

@@ -31,7 +31,8 @@ from . import cli
 from .core.workload import describe
 from .records import knobs, schema
 from .records.plots import METRICS, PlotError, plot_bandwidth, plot_overlap
-from .records.schema import PHASES, SAMPLED_VIEWS, read_dispatch
+from .harness.views import SAMPLED as SAMPLED_VIEWS
+from .records.schema import PHASES, read_dispatch
 from .records.tables import shorten, sig3
 
 Z95 = 1.959964

@@ -1,12 +1,32 @@
-"""Test tiers: the default CPU tier runs anywhere; `gpu` / `multigpu` tests skip without GPUs."""
+"""Test tiers and what the tests share.
+
+Tiers: the default CPU tier runs anywhere; `gpu` / `multigpu` tests skip without GPUs; `slow` marks the
+tests that launch many processes or run the Triton interpreter at length (`-m "not slow"` leaves them out).
+tests/ mirrors moebench/ by concern (core, env, ops, backends, harness, records, checks, megatron, tools).
+
+Shared here, never imported from another test file: paths (ROOT, FAKES), the environment that puts the
+fake deep_ep first (`fake_env`), process-tree helpers for the tests that signal a tool, a Triton launch
+spy, and fake backends registered by their "conftest:Class" path (rank processes import them by it).
+"""
 import os
+import time
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+
+from moebench.backends import base
+from moebench.backends.alltoall import AlltoallBackend
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")          # never use NVLink multicast on shared hosts
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKES = ROOT / "tests" / "fakes"
+FIXTURES = ROOT / "tests" / "fixtures"
+SMALL = ["--device", "cpu", "--ep", "2", "--num-tokens", "8", "--num-experts", "8", "--topk", "2", "--iters", "1"]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -18,9 +38,48 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"needs 2+ CUDA GPUs, {ngpu} visible"))
 
 
+def fake_env(**extra) -> dict:
+    """The environment of a subprocess that should find the fake deep_ep (tests/fakes) before anything."""
+    return {**os.environ, "PYTHONPATH": f"{FAKES}{os.pathsep}{ROOT}", **extra}
+
+
+# ---- process trees (Linux /proc) --------------------------------------------------------------------
+def children_of(pid: int) -> list[int]:
+    """The pids whose parent is `pid`."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Running, neither gone nor a zombie."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for(cond, timeout_s: float):
+    """cond()'s first truthy value within timeout_s (polled every 0.2 s), else its last value."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.2)
+    return cond()
+
+
+# ---- Triton ------------------------------------------------------------------------------------------
 class LaunchSpy:
-    """Stands in for a Triton kernel launched as kernel[grid](...); counts launches
-    (`from conftest import LaunchSpy`: pytest puts tests/ on sys.path)."""
+    """Stands in for a Triton kernel launched as kernel[grid](...); counts launches."""
 
     def __init__(self, kernel):
         self.kernel, self.launches = kernel, 0
@@ -28,3 +87,34 @@ class LaunchSpy:
     def __getitem__(self, grid):
         self.launches += 1
         return self.kernel[grid]
+
+
+# ---- fake backends: register with base.REGISTRY[name] = "conftest:Class" ------------------------------
+class WaiveOnRank1(AlltoallBackend):
+    name = "test-waive-rank1"
+
+    def setup(self, group, w, device):
+        if dist.get_rank(group) == 1:
+            raise base.Unavailable("no widget on rank 1")
+        super().setup(group, w, device)
+
+
+class WrongTokens(AlltoallBackend):
+    name = "test-wrong"
+
+    def dispatch(self, *a, **k):
+        d = super().dispatch(*a, **k)
+        d.x_RH = d.x_RH.flip(0)           # the right multiset only by accident: order across experts breaks
+        return d
+
+
+class WrongBytes(AlltoallBackend):
+    """Reports one byte more than it received, as a backend whose own rule disagreed would."""
+    name = "test-wrong-bytes"
+
+    def native_bytes(self, d):
+        from moebench.core.traffic import traffic_of
+        from moebench.core.workload import make_routing
+        w = self.w
+        pairs = traffic_of([make_routing(w, r)[0] for r in range(w.ep)], w).pairs_SD.sum(0).double()
+        return float(pairs[dist.get_rank(self.group)] * w.bytes_per_token) + 1

@@ -109,7 +109,7 @@ class Backend:
     supports_fp8: ClassVar[bool] = False
     timed_phases: ClassVar[tuple[str, ...]] = ("dispatch", "combine")
     knob_values: dict = field(default_factory=dict)   # e.g. {"num_sms": 24} from the CLI
-    shared_gpu: bool = False      # set by the runner: ranks share GPUs (gloo group, CUDA IPC on one device)
+    ranks_per_gpu: int = 1        # set by the runner: > 1, ranks share GPUs (gloo group, CUDA IPC on one device)
     bypassed: list = field(default_factory=list)      # checks skipped for shared-GPU ranks, named in the record
     # Timing view `kernel`: substrings of the profiler names of this backend's communication kernels
     # (the local permute and weighting kernels are not among them); () = no kernel view.

@@ -1,5 +1,5 @@
 """`deepep`: DeepEP's legacy `deep_ep.Buffer` (V1 API, what Megatron's flex dispatcher calls), normal
-mode; the helpers it shares with `deepep-ll` (backends/deepep_ll.py) and `hybridep`.
+mode (the helpers of the DeepEP family are in backends/deepep_family.py).
 
 Normal mode (`deepep`): get_dispatch_layout -> dispatch -> local grouping. DeepEP returns each
 received token once per rank, with `recv_topk_idx` holding local expert ids (-1 elsewhere), not
@@ -16,103 +16,30 @@ Legend: T tokens, H hidden, K top-k, L local experts, N received tokens, R group
 """
 from __future__ import annotations
 
-import importlib.util
-import inspect
-import sys
 from dataclasses import dataclass
 
 import torch
 
-from .. import ops
 from ..core.workload import WorkloadError
-from ..env.deepep import HINT, NO_NVSHMEM, build_version
-from .base import OPS_IMPL, Backend, Dispatched, Knob, Unavailable
+from ..env.deepep import build_version
+from .base import OPS_IMPL, Backend, Dispatched
+from .deepep_family import (
+    FP8_FACTOR,
+    NUM_SMS,
+    Grouped,
+    bypass_nvlink_check,
+    destroy,
+    find,
+    group_by_local_expert,
+    import_deep_ep,
+    new_buffer,
+    recv_room_bytes,
+    weighted_rows,
+)
 
 # get_dispatch_config's table (2..160, no 48/96) intersected with the kernels' SWITCH_RANKS (2/4/8 in a node)
 # and SWITCH_RDMA_RANKS (16/32/64/128/144/160; 24 = 3 RDMA ranks has no kernel) on hybrid-ep and v1.2.1
 NORMAL_RANKS = (2, 4, 8, 16, 32, 64, 128, 144, 160)
-NVLINK_BYPASS = ("check_nvlink_connections in deep_ep.Buffer's module (NVML has no NVLink P2P status "
-                 "of a GPU with itself)")
-FP8_FACTOR = (1 + 4 / 128) / 2      # DeepEP's and HybridEP's tests: fp8 bytes = bf16 bytes x this
-NUM_SMS = Knob(low=2, even=True)    # Buffer.set_num_sms takes an even count
-
-
-def find(module: str) -> tuple[bool, str]:
-    """find_spec only (never imports): (False, why) when the package is absent."""
-    try:
-        ok = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError) as e:
-        return False, f"{module}: {e}"
-    return (True, "") if ok else (False, f"{module} not installed; {HINT}")
-
-
-def import_deep_ep(attr: str):
-    """deep_ep and deep_ep.<attr>; Unavailable with the exact error and a hint otherwise."""
-    try:
-        import deep_ep
-    except Exception as e:  # noqa: BLE001 - any import failure means "cannot serve this run"
-        raise Unavailable(f"import deep_ep failed: {type(e).__name__}: {e}; {HINT}") from e
-    if not hasattr(deep_ep, attr):
-        raise Unavailable(f"deep_ep {getattr(deep_ep, '__version__', '?')} has no deep_ep.{attr}; {HINT}")
-    return deep_ep, getattr(deep_ep, attr)
-
-
-def bypass_nvlink_check() -> str:
-    """Shared-GPU ranks only: Buffer.__init__ asks NVML whether every pair of ranks' GPUs is
-    NVLink-connected, which NVML cannot answer for a GPU and itself. Buffer calls the name it
-    imported into its own module (deep_ep.buffer on hybrid-ep and v1.2.1, deep_ep.buffers.legacy on
-    main), so that is the one replaced (Megatron's Buffer too)."""
-    from deep_ep import Buffer
-    sys.modules[Buffer.__module__].check_nvlink_connections = lambda *args, **kwargs: None
-    return NVLINK_BYPASS
-
-
-def new_buffer(Buffer, *args, **kwargs):
-    """Buffer(...) with explicitly_destroy where this DeepEP has it (its destructor can hang
-    during exception handling); a build without NVSHMEM cannot serve RDMA or low-latency mode."""
-    if "explicitly_destroy" in inspect.signature(Buffer.__init__).parameters:
-        kwargs["explicitly_destroy"] = True
-    try:
-        return Buffer(*args, **kwargs)
-    except RuntimeError as e:
-        if NO_NVSHMEM in str(e):
-            raise Unavailable(f"this deep_ep was built without NVSHMEM ({NO_NVSHMEM}): no low-latency "
-                              "or cross-node mode") from e
-        raise
-
-
-def destroy(buffer) -> None:
-    if buffer is not None and getattr(buffer, "explicitly_destroy", False):
-        buffer.destroy()
-
-
-@dataclass
-class Grouped:
-    x_RH: torch.Tensor
-    scales_RS: torch.Tensor | None
-    row_map_NK: torch.Tensor       # int32: grouped row of received slot (n, k), -1 elsewhere
-    weights_NK: torch.Tensor       # fp32 received top-k weights (0 where not local)
-    probs_R: torch.Tensor
-    tokens_per_expert: torch.Tensor
-
-
-def group_by_local_expert(x_NH, local_idx_NK, weights_NK, num_local: int, scales_NS=None,
-                          num_rows: int | None = None, impl: str = "auto") -> Grouped:
-    """Received tokens (one row per token) -> rows grouped by local expert, stable by token.
-    local_idx_NK holds local expert ids in [0, L) or -1; num_rows, when the backend already knows
-    the count, spares the device->host wait."""
-    w = torch.where(local_idx_NK >= 0, weights_NK.float(), 0.0)
-    p = ops.permute(x_NH, local_idx_NK, num_local, scales_TS=scales_NS, impl=impl, num_out_rows=num_rows,
-                    probs_TK=w)
-    return Grouped(p.x_RH, p.scales_RS, p.row_map_TK, w, p.probs_R, p.tokens_per_expert)
-
-
-def weighted_rows(y_RH, g: Grouped, impl: str = "auto") -> torch.Tensor:
-    """Per received token: sum over its local experts of weight * expert output ([N, H], y's dtype).
-    This is what DeepEP/HybridEP's unweighted combine must be given."""
-    return ops.unpermute(y_RH[: g.x_RH.shape[0]], g.row_map_NK, g.weights_NK, impl=impl)
-
-
 @dataclass
 class _Handle:
     native: object
@@ -163,7 +90,7 @@ class DeepEPBackend(Backend):
         self.num_sms = int(getattr(Buffer, "num_sms", self.num_sms))     # read back: what DeepEP will use
         self.impl = self.knob_values.get("ops_impl", "auto")     # "auto": the fastest per op
         self.idx_dtype = getattr(self.deep_ep, "topk_idx_t", torch.int64)
-        if self.shared_gpu:
+        if self.ranks_per_gpu > 1:
             self.bypassed.append(bypass_nvlink_check())
         self.buffer = self._make_buffer(Buffer, group, w)
 
@@ -234,9 +161,3 @@ class DeepEPBackend(Backend):
     def teardown(self):
         destroy(getattr(self, "buffer", None))
         self.buffer = None
-
-
-def recv_room_bytes(w) -> int:
-    """Receive room for every rank's tokens, EP x T x (payload + bf16 combine rows): an assumption for the memory
-    estimate of the deduplicating backends (DeepEP normal, HybridEP), not their own size rule."""
-    return w.ep * w.num_tokens * (w.bytes_per_token + 2 * w.hidden)

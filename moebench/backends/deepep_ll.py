@@ -23,7 +23,8 @@ import torch
 from ..core.reference import expert_factors
 from ..core.workload import WorkloadError
 from .base import Backend, Dispatched, GraphPlan
-from .deepep import DeepEPBackend, new_buffer
+from .deepep import DeepEPBackend
+from .deepep_family import new_buffer
 
 LL_HIDDEN = (2048, 2560, 4096, 5120, 6144, 7168, 8192)   # SWITCH_HIDDEN in csrc/kernels/launch.cuh (no 3072)
 LL_MAX_TOPK = 11

@@ -27,18 +27,17 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ..core.workload import WorkloadError, rank_inputs
-from ..env.toolkit import find_nvcc
 from .base import OPS_IMPL, Backend, Dispatched, Knob, Unavailable
-from .deepep import (
+from ..env.deepep import build_version
+from .deepep_family import (
     FP8_FACTOR,
     Grouped,
-    build_version,
+    cuda_home,
     find,
     group_by_local_expert,
     import_deep_ep,
@@ -91,20 +90,6 @@ def local_plain_inputs(local_map_NL: torch.Tensor, probs_NX: torch.Tensor | None
         return idx, torch.zeros(N, L, dtype=torch.float32, device=local_map_NL.device)
     start = rank_in_domain * L if probs_NX.shape[1] > L else 0
     return idx, probs_NX[:N, start:start + L].float() * local_map_NL
-
-
-def cuda_home() -> str:
-    """$CUDA_HOME with bin/nvcc; when unset, derived from find_nvcc() (and exported for the JIT)."""
-    home = os.environ.get("CUDA_HOME")
-    if home and (Path(home) / "bin" / "nvcc").exists():
-        return home
-    nvcc = find_nvcc()
-    if home or not nvcc:
-        raise Unavailable(f"HybridEP JIT-compiles kernels with $CUDA_HOME/bin/nvcc, but CUDA_HOME is "
-                          f"{repr(home) + ' without bin/nvcc' if home else 'unset and no nvcc was found'}; "
-                          "export CUDA_HOME=<CUDA toolkit root>")
-    os.environ["CUDA_HOME"] = str(Path(nvcc).resolve().parent.parent)
-    return os.environ["CUDA_HOME"]
 
 
 @dataclass

@@ -55,7 +55,8 @@ from ..core.megatron_map import BACKENDS, FLEX
 from ..core.workload import WorkloadError
 from ..env.toolkit import dist_version, installed
 from .base import SWITCH, Backend, Dispatched, Knob, Unavailable
-from .deepep import NUM_SMS, DeepEPBackend, recv_room_bytes
+from .deepep import DeepEPBackend
+from .deepep_family import NUM_SMS, deepep_flex_setup, recv_room_bytes
 from .hybridep import HybridEPBackend
 
 
@@ -120,15 +121,6 @@ def emulate_cuda_on_cpu() -> None:
     _EMULATING = True
 
 
-def patch_megatron_without_te() -> None:
-    """megatron-core 0.16.x references `te_general_gemm` in the router's gating GEMM without
-    defining it when Transformer Engine is absent (NameError with moe_router_dtype set); 0.19
-    defines it as None. Define it as None here, which selects Megatron's own torch path."""
-    from megatron.core.transformer.moe import moe_utils
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
-
-
 def mcore_version() -> str:
     """The imported megatron-core's version ('' when it cannot be read)."""
     try:
@@ -165,18 +157,6 @@ def check_flex_importable(backend: str) -> None:
     b = BACKENDS[backend]
     if b.have_flag and not getattr(fused_a2a, b.have_flag, False):
         raise Unavailable(b.missing_hint)
-
-
-def deepep_flex_setup(world: int, hidden: int, shared_gpu: bool) -> list[str]:
-    """Before Megatron builds its deep_ep.Buffer (this backend and megatron/train.py): Unavailable with the
-    reason for a DeepEP build Megatron cannot size a buffer with; with ranks sharing a GPU, DeepEP's NVML
-    NVLink check (which cannot answer for a GPU and itself) is bypassed. Returns what was bypassed."""
-    from ..env.deepep import rdma_size_problem
-    from .deepep import bypass_nvlink_check
-    problem = rdma_size_problem(world, hidden * 2)
-    if problem:
-        raise Unavailable(problem)
-    return [bypass_nvlink_check()] if shared_gpu else []
 
 
 # ---------------------------------------------------------------- the backends
@@ -242,7 +222,7 @@ class _McoreBackend(Backend):
         if self.flex_backend:
             check_flex_importable(self.flex_backend)
             if self.flex_backend == "deepep":
-                self.bypassed += deepep_flex_setup(dist.get_world_size(group), w.hidden, self.shared_gpu)
+                self.bypassed += deepep_flex_setup(dist.get_world_size(group), w.hidden, self.ranks_per_gpu)
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         L = w.local_experts
         self.config = TransformerConfig(**self._config_kwargs(TransformerConfig, w, world))
@@ -350,5 +330,5 @@ class McoreHybridEPBackend(_McoreBackend):
     KNOBS = {**_McoreBackend.KNOBS, "num_sms": Knob(low=1)}
 
 
-__all__ = ["McoreAlltoallBackend", "McoreDeepEPBackend", "McoreHybridEPBackend", "deepep_flex_setup",
-           "emulate_cuda_on_cpu", "patch_megatron_without_te", "num_sms_config", "mcore_version"]
+__all__ = ["McoreAlltoallBackend", "McoreDeepEPBackend", "McoreHybridEPBackend", "emulate_cuda_on_cpu",
+           "num_sms_config", "mcore_version"]

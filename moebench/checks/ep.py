@@ -68,18 +68,6 @@ def check_deepep_import(ctx: Context):
                   f"{'yes' if v['HybridEPBuffer'] else 'no'}", probe=v, files=buildkind.deep_ep_layout())
 
 
-def roundtrip_plan(n_gpus: int, sizes=None) -> tuple[str, int, int]:
-    """(device, EP, ranks per GPU) of a round trip: one rank per visible GPU where the backend
-    takes that many (`sizes`; None: any 2+), else 2 ranks sharing GPU 0 (shared-GPU mode), else,
-    with no GPU, 2 CPU ranks: the buffer construction is still tried, so a build that crashes
-    there is found on any machine."""
-    if n_gpus >= 2 and (sizes is None or n_gpus in sizes):
-        return "cuda", n_gpus, 1
-    if n_gpus >= 1:
-        return "cuda", 2, 2
-    return "cpu", 2, 1
-
-
 def roundtrip_child(argv: list[str]) -> list[dict]:
     """Child side: the dispatch + combine check against the oracle, then a short timing, via run_case
     (argv: a RunSpec's to_argv(), so the records' repro command is that exact run)."""
@@ -89,28 +77,28 @@ def roundtrip_child(argv: list[str]) -> list[dict]:
     return run_case(run, progress=lambda *_: None)
 
 
-def roundtrip_spec(backend: str, device: str, ep: int, ranks_per_gpu: int, num_tokens: int, o, knobs: dict):
-    """The run one round trip makes (roundtrip_plan's device, EP and ranks per GPU), short timing,
-    the check's shape."""
+def roundtrip_spec(backend: str, where, num_tokens: int, o, knobs: dict):
+    """The run one round trip makes (`where`: placement.for_roundtrip), short timing, the check's shape."""
     from ..core.workload import Workload
     from ..harness.spec import RunSpec
-    w = Workload(num_tokens=num_tokens, hidden=o.hidden, num_experts=o.num_experts, topk=o.topk, ep=ep,
-                 gpus_per_node=ep)
-    return RunSpec(workload=w, backends=(backend,), explicit=True, device=device, iters=o.iters, warmup_ms=100.0,
+    w = Workload(num_tokens=num_tokens, hidden=o.hidden, num_experts=o.num_experts, topk=o.topk, ep=where.ranks,
+                 gpus_per_node=where.ranks)
+    return RunSpec(workload=w, backends=(backend,), explicit=True, device=where.device, iters=o.iters, warmup_ms=100.0,
                    timeout_s=o.timeout, knobs={"ops_impl": "auto", **knobs}, out=os.devnull,
-                   ranks_per_gpu=ranks_per_gpu)
+                   ranks_per_gpu=where.ranks_per_gpu)
 
 
 def roundtrip(ctx: Context, backend: str, variants: list[dict], num_tokens: int | None = None, sizes=None):
-    """The backend's round trip once per knob variant (roundtrip_plan says where); one outcome.
+    """The backend's round trip once per knob variant (placement.for_roundtrip says where); one outcome.
     A rank that crashes or hangs is FAIL with the signal and the line that says why."""
+    from ..harness.placement import for_roundtrip
     o = ctx.options
-    device, ep, rpg = roundtrip_plan(gpu_count(), sizes)
-    where = f"EP {ep}" + (f" ({ep} ranks sharing GPU 0: functional only)" if rpg > 1 else "") + (
-        " on CPU (no GPU visible)" if device == "cpu" else "")
+    at = for_roundtrip(gpu_count(), sizes)
+    device = at.device
+    where = f"EP {at.ranks}" + (f" ({at.note})" if at.note else "")
     recs = []
     for knobs in variants:
-        run = roundtrip_spec(backend, device, ep, rpg, num_tokens or o.num_tokens, o, knobs)
+        run = roundtrip_spec(backend, at, num_tokens or o.num_tokens, o, knobs)
         r = child.run_function("moebench.checks.ep:roundtrip_child", {"argv": run.to_argv()}, o.timeout + 60,
                                env={"PYTHONFAULTHANDLER": "1"})
         label = f"{backend} {knobs or ''} {where}".replace("  ", " ")

@@ -10,9 +10,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from ..records import provenance as _results
+from ..records.check import SCHEMA, CheckReport  # noqa: F401  (SCHEMA: what readers of a report match)
 from .registry import FAIL, STATUSES, WAIVED, Result
-
-SCHEMA = "moebench.check/1"
 
 
 def counts(res: list[Result]) -> dict:
@@ -20,9 +19,8 @@ def counts(res: list[Result]) -> dict:
 
 
 def to_json(res: list[Result], argv: list[str], start_utc: str, end_utc: str) -> dict:
-    return {"schema": SCHEMA, "argv": argv, "repro": _results.repro_command(argv, "moebench.check"),
-            "env": _results.provenance(), "start_utc": start_utc, "end_utc": end_utc,
-            "counts": counts(res), "results": [r.asdict() for r in res]}
+    return CheckReport(argv, _results.repro_command(argv, "moebench.check"), _results.provenance(), start_utc,
+                       end_utc, counts(res), [r.asdict() for r in res]).asdict()
 
 
 def to_junit(res: list[Result], name: str = "moebench.check") -> ET.ElementTree:

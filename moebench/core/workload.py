@@ -80,18 +80,26 @@ def _number(text: str, spec: str, kind):
     return v
 
 
+def _flag(default, flag: str, kind: str, help: str):
+    """A Workload field with its command-line flag: every tool that takes the shape reads flag, kind (the
+    argument type: count, seed, dtype, str) and help from here (harness/spec.add_workload_args)."""
+    return dataclasses.field(default=default, metadata={"flag": flag, "kind": kind, "help": help})
+
+
 @dataclass(frozen=True)
 class Workload:
     """One benchmark case. Fields are per rank; `ep` ranks hold `num_experts // ep` experts each."""
-    num_tokens: int = 4096
-    hidden: int = 7168
-    num_experts: int = 256
-    topk: int = 8
-    ep: int = 8
-    dtype: str = "bf16"
-    routing: str = "uniform"
-    seed: int = 0
-    gpus_per_node: int = 8      # ranks r and r' share a node when r // gpus_per_node matches
+    num_tokens: int = _flag(4096, "--num-tokens", "count", "tokens per rank")
+    hidden: int = _flag(7168, "--hidden", "count", "hidden size")
+    num_experts: int = _flag(256, "--num-experts", "count", "experts")
+    topk: int = _flag(8, "--topk", "count", "experts per token")
+    ep: int = _flag(8, "--ep", "count", "expert-parallel ranks")
+    dtype: str = _flag("bf16", "--dtype", "dtype", "dispatch payload (combine is bf16)")
+    routing: str = _flag("uniform", "--routing", "str",
+                         "uniform | balanced | zipf:S | group:G:M | trace:FILE, optionally ,masked:P")
+    seed: int = _flag(0, "--seed", "seed", "routing and token seed")
+    gpus_per_node: int = _flag(8, "--gpus-per-node", "count",      # ranks r and r' share a node when r // it matches
+                               "ranks per NVLink node (byte-rule split)")
 
     def __post_init__(self):
         for name in ("num_tokens", "hidden", "num_experts", "ep", "gpus_per_node"):

@@ -157,7 +157,7 @@ __device__ __forceinline__ int pad_up(int c, int pad) { return pad > 1 ? (c + pa
 // relative to the expert's start; ecount = totals. The last tile block to arrive scans the padded
 // totals over all experts: estart, tokens per expert and the row count, also written to mapped
 // pinned host memory so the host can learn R while the copy runs. (Not one block for all experts:
-// that makes the scan a sizeable share of the permute at large E; see bench/results/README.md.)
+// that makes the scan a sizeable share of the permute at large E; see docs/decisions.md.)
 constexpr int kScanKeep = 8;  // per-thread block counts kept in registers between the two passes
 __global__ void __launch_bounds__(1024) route_scan_kernel(int32_t* __restrict__ counts, int NB,
                                                           int E, int pad, int32_t* __restrict__ tpe,
@@ -468,7 +468,7 @@ __device__ __forceinline__ float load_w(const void* w, int dt, int64_t i) {
 
 // One warp per token, 8 warps per block; rows and weights of the K slots held in registers.
 // (A variant with 4-warp blocks and per-chunk shuffles, 96 registers, is slower on Hopper:
-// bench/results/README.md, "Why the permute defaults are what they are".)
+// docs/decisions.md, "The permute and unpermute defaults".)
 template <typename T, int VEC, int KMAX, int UNROLL>
 __global__ void __launch_bounds__(kThreads) unpermute_kernel(const T* __restrict__ y,
                                                              const int32_t* __restrict__ row_map,

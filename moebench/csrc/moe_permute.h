@@ -47,7 +47,7 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
 // out[t] = sum_k w[t,k] * y[row_map[t,k]] (row_map >= 0), fp32 accumulation in k order.
 // y [R, H] and out [T, H] of y_dtype; w [T, K] of w_dtype. variant bit 1: 2 vectors per row in
 // flight per lane for K <= 8 (more registers, fewer warps: slower on Hopper, so off by default;
-// bench/results/README.md, "Why the permute defaults are what they are").
+// docs/decisions.md, "The permute and unpermute defaults").
 int moe_unpermute(const void* y, int y_dtype, const int32_t* row_map, const void* w, int w_dtype,
                   void* out, int64_t T, int K, int64_t H, int variant, cudaStream_t stream);
 

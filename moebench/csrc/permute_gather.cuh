@@ -2,8 +2,8 @@
 // moe_permute.cu inside its anonymous namespace (it uses CopyArgs, slot_row, warp_copy_row, cdiv).
 //
 // Why: the scatter copies (one source row read, K rows written from it) stay well below the plain
-// copy rate on Hopper whatever their mechanics (bench/results/README.md, "Why the permute defaults
-// are what they are"). Here every
+// copy rate on Hopper whatever their mechanics (docs/decisions.md, "The permute and unpermute
+// defaults"). Here every
 // output row is written in order by one warp, reading its source row again, so the writes are
 // long sequential runs and the K reads of a token should hit L2: the work is ordered by token
 // tile (TT tokens, 512 by default: 7.3 MB of sources at H 7168 bf16) and, inside a tile, by

@@ -12,6 +12,7 @@ no driver call; `root` arguments let tests point at fake trees):
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -99,6 +100,17 @@ def network_ceiling(root: str | Path = "/sys", bus_ids: list[str] | None = None,
     return (s["per_gpu_net_ceiling_GBps"],
             f"sysfs: {s['active_ports']} active {kinds} port(s), {s['node_net_GBps'] * 8:g} Gb/s per node shared by "
             f"{s['shared_by']} ({len(numas)} GPU(s))")
+
+
+@functools.lru_cache(maxsize=1)
+def node_net_ceiling() -> tuple[float, str] | None:
+    """This node's per-GPU network ceiling from its RDMA ports (sysfs), shared by the GPUs on their NUMA node."""
+    import torch
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    props = [torch.cuda.get_device_properties(i) for i in range(n)]
+    bus = [f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0" for p in props
+           if hasattr(p, "pci_bus_id")]
+    return network_ceiling(bus_ids=bus or None, ngpu=max(1, n))
 
 
 def driver_params(root: str | Path = "/proc") -> dict | None:

@@ -47,7 +47,6 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from ..core.workload import WorkloadError  # noqa: E402
 
 
 class LaunchError(RuntimeError):
@@ -76,41 +75,6 @@ def joined_env() -> tuple[int, int, int] | None:
     if "SLURM_PROCID" in e and "SLURM_NTASKS" in e and int(e["SLURM_NTASKS"]) > 1:
         return int(e["SLURM_PROCID"]), int(e["SLURM_NTASKS"]), int(e.get("SLURM_LOCALID", 0))
     return None
-
-
-def pick_device(requested: str, ep: int, ranks_per_gpu: int = 1) -> tuple[str, str]:
-    """(device, note). Needing more GPUs than are visible is an error only when cuda was asked
-    for; auto then falls back to CPU/gloo and the note says so. Shared-GPU ranks (ranks_per_gpu
-    > 1) need ceil(EP / ranks_per_gpu) GPUs and always run on cuda."""
-    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if ranks_per_gpu < 1:
-        raise WorkloadError(f"--ranks-per-gpu must be >= 1, got {ranks_per_gpu}")
-    need = -(-ep // ranks_per_gpu)
-    if ranks_per_gpu > 1:
-        if requested == "cpu" or ngpu == 0:
-            raise WorkloadError(f"--ranks-per-gpu {ranks_per_gpu} shares GPUs between ranks, but "
-                                f"{'--device cpu was asked for' if requested == 'cpu' else 'no GPU is visible'}")
-        if need > ngpu:
-            raise WorkloadError(f"--ep {ep} with --ranks-per-gpu {ranks_per_gpu} needs {need} GPUs but {ngpu} "
-                                "are visible")
-        return "cuda", (f"{ep} ranks sharing {need} GPU(s) ({ranks_per_gpu} per GPU, gloo group): "
-                        "functional only, NOT performance figures")
-    joined = joined_env()
-    if joined is not None:
-        if joined[1] != ep:
-            raise WorkloadError(f"--ep {ep} but the launcher started {joined[1]} processes; they must match")
-        return ("cpu" if requested == "cpu" or not ngpu else "cuda"), ""
-    if requested == "cuda":
-        if ngpu < need:
-            raise WorkloadError(
-                f"--ep {ep} needs {need} GPUs but {ngpu} are visible; use --device cpu for a functional "
-                "CPU run, --ranks-per-gpu N to share GPUs (functional only), or launch with torchrun/srun "
-                "across nodes (one process per GPU)")
-        return "cuda", ""
-    if requested == "auto" and ngpu >= need:
-        return "cuda", ""
-    note = "" if requested == "cpu" else f"EP {ep} > {ngpu} visible GPUs: "
-    return "cpu", note + "running on CPU/gloo: CPU times are functional only, NOT performance figures"
 
 
 @contextlib.contextmanager

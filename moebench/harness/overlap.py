@@ -24,7 +24,8 @@ import time
 import torch
 
 from ..core.workload import WorkloadError
-from .timing import Timer, stats
+from ..records.shapes import Overlap, Timing
+from .timing import Timer
 
 FIELDS = ("comm_alone_us", "gemm_alone_us", "overlapped_us", "exposed_us", "gemm_slowdown")
 
@@ -107,11 +108,11 @@ def measure(timer: Timer, fn, gemm: Gemm, comm_alone_us: float, iters: int, warm
         once()
     rows = [(alone(), *once()) for _ in range(iters)]
     flat = timer.agree_max([v for row in rows for v in row])
-    g_alone = stats(flat[0::3], timer.timer_name)
-    over = stats(flat[1::3], timer.timer_name)
+    g_alone = Timing.of(flat[0::3], timer.timer_name)
+    over = Timing.of(flat[1::3], timer.timer_name)
     g_over = statistics.median(flat[2::3]) * 1e6
-    return {"gemm": "x".join(map(str, gemm.shape)) + (" bf16" if timer.cuda else " fp32, sequential (CPU)"),
-            "comm_alone_us": comm_alone_us, "gemm_alone_us": g_alone.median_us, "gemm_alone_p90_us": g_alone.p90_us,
-            "overlapped_us": over.median_us, "overlapped_p10_us": over.p10_us, "overlapped_p90_us": over.p90_us,
-            "gemm_overlapped_us": g_over, "exposed_us": over.median_us - g_alone.median_us,
-            "gemm_slowdown": g_over / g_alone.median_us, "order": "GEMM alone and overlapped alternate per iteration"}
+    return Overlap(gemm="x".join(map(str, gemm.shape)) + (" bf16" if timer.cuda else " fp32, sequential (CPU)"),
+                   comm_alone_us=comm_alone_us, gemm_alone_us=g_alone.median_us, gemm_alone_p90_us=g_alone.p90_us,
+                   overlapped_us=over.median_us, overlapped_p10_us=over.p10_us, overlapped_p90_us=over.p90_us,
+                   gemm_overlapped_us=g_over, exposed_us=over.median_us - g_alone.median_us,
+                   gemm_slowdown=g_over / g_alone.median_us).asdict()

@@ -15,38 +15,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..records.schema import quantile
+from ..records.shapes import Timing
 
 L2_FLUSH_BYTES = 256 << 20
-
-
-@dataclass
-class Stats:
-    timer: str
-    iters: int
-    median_us: float
-    p10_us: float
-    p90_us: float
-    min_us: float
-    samples_us: list[float]
-    launch: str = ""        # where the host's launch of the call sits against the timed span
-
-    def asdict(self) -> dict:
-        return {"timer": self.timer, "iters": self.iters, "rank_agg": "max over ranks per iteration",
-                "median_us": self.median_us, "p10_us": self.p10_us, "p90_us": self.p90_us,
-                "min_us": self.min_us, "samples_us": [round(x, 3) for x in self.samples_us],
-                **({"launch": self.launch} if self.launch else {})}
-
-
-def stats(times_s: list[float], timer: str) -> Stats:
-    samples = [x * 1e6 for x in times_s]
-    t = sorted(samples)
-    return Stats(timer, len(t), statistics.median(t), quantile(t, 0.10), quantile(t, 0.90), t[0], samples)
 
 
 def agree_error(err: str, group) -> str:
@@ -141,12 +116,12 @@ class Timer:
         torch.cuda.synchronize(self.device)
         return [s.elapsed_time(e) * 1e-3 for s, e in ev]
 
-    def run(self, fn, iters: int, warmup_ms: float, queued: bool = False) -> Stats:
+    def run(self, fn, iters: int, warmup_ms: float, queued: bool = False) -> Timing:
         """Warm up, then time `iters` calls: one at a time behind a barrier (the default: what a rank
         of a collective pays), or queued (`queued`: local kernels)."""
         self.warmup(fn, warmup_ms)
         times = self.queued(fn, iters) if queued else [self.once(fn) for _ in range(iters)]
-        st = stats(self.agree_max(times), self.timer_name)
+        st = Timing.of(self.agree_max(times), self.timer_name)
         st.launch = "queued back to back" if (queued and self.cuda) else self.launch
         return st
 

@@ -40,7 +40,8 @@ class Launch:
 
     @property
     def functional(self) -> bool:
-        return self.device == "cpu" or self.ranks_per_gpu > 1
+        from ..harness.placement import Placement
+        return Placement(self.device, self.world, self.ranks_per_gpu).functional
 
     def asdict(self) -> dict:
         return {**asdict(self), "world": self.world, "functional": self.functional}

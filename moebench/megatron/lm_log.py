@@ -29,6 +29,7 @@ ARG_LINE = re.compile(r"^\s+(\S+) \.{2,} ?(.*)$")
 ERROR = re.compile(r"Traceback|Error|error:|Exception|Assertion|SIGSEGV|SIGABRT|Signal|signal|core dumped|"
                    r"CUDA|NCCL WARN|failed|Killed")
 LAUNCHER = "torch/distributed/"          # a traceback of torchrun itself, not of a rank
+EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failure)\b")   # `Name: message`
 ITER_KEYS = {                        # Megatron's field name -> the record's key
     "elapsed time per iteration (ms)": "elapsed_ms",
     "throughput per GPU (TFLOP/s/GPU)": "tflops_per_gpu",
@@ -165,17 +166,13 @@ def parse(text_or_lines) -> MegatronLog:
 
 
 def error_tail(lines: list[str], keep: int = 12) -> list[str]:
-    """Megatron's last error lines for an arm that failed: the first Python traceback of a rank (the root
-    cause: the launcher's own traceback and the other ranks' follow it), else the last lines that look
-    like an error. At most `keep` lines: the traceback's head and its end, where the exception is."""
+    """Megatron's last error lines for an arm that failed: the first exception a rank raised (the root
+    cause: the launcher's own traceback, and the other ranks', follow it; ranks that fail together may
+    interleave their lines), with the traceback lines above it, at most `keep` lines; else the last lines
+    that look like an error."""
     lines = [ln.rstrip() for ln in lines if ln.strip()]
-    blocks = []
     for i, ln in enumerate(lines):
-        if ln.lstrip().startswith("Traceback"):
-            end = next((j for j in range(i + 1, len(lines)) if not lines[j].startswith((" ", "\t"))), len(lines) - 1)
-            blocks.append(lines[i:end + 1])
-    rank = [b for b in blocks if not any(LAUNCHER in ln for ln in b)]
-    if rank or blocks:
-        block = (rank or blocks)[0]
-        return block if len(block) <= keep else block[:2] + block[-(keep - 2):]
+        if EXCEPTION.match(ln) and not any(LAUNCHER in x for x in lines[max(0, i - 8):i + 1]):
+            top = max((j for j in range(i) if lines[j].lstrip().startswith("Traceback")), default=i)
+            return lines[max(top, i - keep + 1):i + 1]
     return [ln for ln in lines if ERROR.search(ln)][-keep:]

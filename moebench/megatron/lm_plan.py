@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ..core.megatron_map import BACKENDS, CONTROL
 from ..env.toolkit import dist_version, installed
 from . import flags as F
+from ..harness.placement import PlacementError, place, visible_gpus
 from .lm_arm import ArmPlan, Launch
 from .lm_args import (NO_TE_FLAGS, PRESETS, SHARED_GPU_FLAGS, Checkout, LmError, flag_value, inspect_checkout,
                       model_flags, run_flags, user_args)
@@ -45,8 +46,7 @@ def launcher_shape() -> tuple[int, int, str] | None:
 
 def make_launch(device: str, ep: int | None, ranks_per_gpu: int, joined=None) -> Launch:
     """Local: every visible GPU (x ranks_per_gpu), or --ep ranks on CPU. Under a launcher: its shape."""
-    import torch
-    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    ngpu = visible_gpus()
     cpu = device == "cpu"
     if cpu and ranks_per_gpu > 1:
         raise LmError(f"--ranks-per-gpu {ranks_per_gpu} shares GPUs, but --device cpu was asked for")
@@ -62,6 +62,10 @@ def make_launch(device: str, ep: int | None, ranks_per_gpu: int, joined=None) ->
     if cpu:
         return Launch("cpu", ep or 1, ep or 1)
     nproc = ngpu * ranks_per_gpu
+    try:
+        place("cuda", nproc, ranks_per_gpu, ngpu=ngpu)      # the one rule for every tool (harness/placement.py)
+    except PlacementError as e:
+        raise LmError(str(e)) from None
     return Launch("cuda", nproc, ep or nproc, ranks_per_gpu=ranks_per_gpu)
 
 

@@ -161,11 +161,11 @@ def prepare(meta: RankMeta) -> list[str]:
         from .patches import share_gpus
         changed += share_gpus(meta.ranks_per_gpu)
     if meta.dispatcher == "deepep":
-        from ..backends.mcore import deepep_flex_setup
+        from ..backends.deepep_family import deepep_flex_setup
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        changed += deepep_flex_setup(world, meta.hidden or 0, meta.ranks_per_gpu > 1)
+        changed += deepep_flex_setup(world, meta.hidden or 0, meta.ranks_per_gpu)
     elif meta.dispatcher == "hybridep":
-        from ..backends.hybridep import cuda_home
+        from ..backends.deepep_family import cuda_home
         changed.append(f"CUDA_HOME={cuda_home()} (HybridEP's kernel JIT)")
     return changed
 

@@ -36,41 +36,33 @@ def spec_of(args):
 
 
 def environment(args, dispatcher: str, num_experts: int) -> tuple[str, int]:
-    """(device type, world); FlagsError (exit 2) when this machine cannot run it."""
-    import torch
-
+    """(device type, world) from the one placement rule (harness/placement.py); FlagsError (exit 2) when this
+    machine cannot run it."""
     from ..harness.launch import joined_env
+    from ..harness.placement import PlacementError, place, visible_gpus
     if not installed("megatron.core"):
         raise FlagsError("validate needs megatron-core (pip install megatron-core)")
-    joined = joined_env()
-    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    rpg = args.ranks_per_gpu
-    if args.device == "cpu":
-        if rpg > 1:
-            raise FlagsError(f"--ranks-per-gpu {rpg} shares GPUs between ranks, but --device cpu was asked for")
-        if BACKENDS[dispatcher].flex:
-            raise FlagsError(f"--device cpu runs --dispatcher alltoall only ({dispatcher} needs GPUs)")
-        world = joined[1] if joined else (args.ep or 1)
-    else:
-        if ngpu == 0:
-            raise FlagsError("validate needs CUDA: no GPU is visible (megatron-core's dispatchers and model run on "
-                             "GPU); --device cpu runs a functional check of the training loop only, not a validation")
-        world = joined[1] if joined else (args.ep or ngpu * rpg)
-        if joined and rpg > 1:
-            raise FlagsError("--ranks-per-gpu starts its own ranks: leave it out under torchrun / srun")
-        if not joined and -(-world // rpg) > ngpu:
-            raise FlagsError(f"--ep {world} needs {-(-world // rpg)} GPUs at --ranks-per-gpu {rpg}, {ngpu} visible "
-                             "(--ranks-per-gpu N shares GPUs, functional only; or launch with torchrun)")
-        if BACKENDS[dispatcher].flex:
-            if world < 2:
-                raise FlagsError(f"--dispatcher {dispatcher} needs EP >= 2 (Megatron's flex dispatcher asserts TPxEP > 1)")
-            if not installed("deep_ep"):
-                raise FlagsError(f"--dispatcher {dispatcher} needs deep_ep installed (WAIVED here)")
-    if joined and args.ep and args.ep != joined[1]:
-        raise FlagsError(f"--ep {args.ep} but the launcher started {joined[1]} processes; they must match")
+    joined, ngpu, rpg, cpu = joined_env(), visible_gpus(), args.ranks_per_gpu, args.device == "cpu"
+    if cpu and BACKENDS[dispatcher].flex and rpg == 1:
+        raise FlagsError(f"--device cpu runs --dispatcher alltoall only ({dispatcher} needs GPUs)")
+    if not cpu and ngpu == 0:
+        raise FlagsError("validate needs CUDA: no GPU is visible (megatron-core's dispatchers and model run on "
+                         "GPU); --device cpu runs a functional check of the training loop only, not a validation")
+    if joined and rpg > 1:
+        raise FlagsError("--ranks-per-gpu starts its own ranks: leave it out under torchrun / srun")
+    world = joined[1] if joined else (args.ep or (1 if cpu else ngpu * rpg))
+    try:
+        where = place("cpu" if cpu else "cuda", world, rpg, joined, ngpu)
+    except PlacementError as e:
+        raise FlagsError(str(e)) from None
+    if BACKENDS[dispatcher].flex:
+        if world < 2:
+            raise FlagsError(f"--dispatcher {dispatcher} needs EP >= 2 (Megatron's flex dispatcher asserts TPxEP > 1)")
+        if not installed("deep_ep"):
+            raise FlagsError(f"--dispatcher {dispatcher} needs deep_ep installed (WAIVED here)")
     if num_experts % world:
         raise FlagsError(f"--num-experts {num_experts} is not divisible by EP {world}")
-    return ("cpu" if args.device == "cpu" else "cuda"), world
+    return where.device, world
 
 
 def run_training(spec, dispatcher: str, device: str, world: int, timeout: float, ranks_per_gpu: int = 1) -> dict | None:

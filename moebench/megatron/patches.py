@@ -1,4 +1,5 @@
-"""What Megatron-LM's training needs to run with several ranks sharing one GPU (functional runs).
+"""What Megatron needs patched to train here: megatron-core without Transformer Engine (the first
+function), and Megatron-LM's training with several ranks sharing one GPU (functional runs, the rest).
 
 Measured on the H200 (FACTS.md, "Megatron-LM on the H200"): pretrain_gpt.py trains alltoall,
 flex/deepep and flex/hybridep with 2 ranks on one GPU once, before it runs,
@@ -23,6 +24,15 @@ import torch.distributed as dist
 
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("moebench_coalescing", default=None)
 COALESCED = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
+
+
+def patch_megatron_without_te() -> None:
+    """megatron-core 0.16.x references `te_general_gemm` in the router's gating GEMM without
+    defining it when Transformer Engine is absent (NameError with moe_router_dtype set); 0.19
+    defines it as None. Define it as None here, which selects Megatron's own torch path."""
+    from megatron.core.transformer.moe import moe_utils
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def local_rank_of_gpu(ranks_per_gpu: int) -> str:

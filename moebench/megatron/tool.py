@@ -22,12 +22,13 @@ import sys
 from .. import cli
 from ..core.megatron_map import BACKENDS, CONTROL
 from ..env.toolkit import dist_version
-from ..records.schema import FUNCTIONAL_NOTE, SAMPLED_VIEWS, performance_only, read_dispatch
+from ..harness.views import SAMPLED as SAMPLED_VIEWS
+from ..records.schema import FUNCTIONAL_NOTE, performance_only, read_dispatch
 from . import ab
 from . import flags as F
+from ..records.megatron import FlagsReport
 from .lm_args import PRESETS, LmError
 
-FLAGS_SCHEMA = "moebench.megatron.flags/1"
 LOOP_MODEL = (("num_layers", cli.count(), ""), ("hidden", cli.count(), ""), ("heads", cli.count(), ""),
               ("ffn_hidden", cli.count(), "expert FFN hidden size"), ("num_experts", cli.count(), ""),
               ("topk", cli.count(), ""), ("seq_length", cli.count(), ""), ("micro_batch", cli.count(), ""),
@@ -86,8 +87,8 @@ def _lm_options(p, arm: bool = False) -> None:
     p.add_argument("--ranks-per-nvlink-domain", type=cli.count(), help="HybridEP's NVLINK domain in ranks "
                    "(default: the ranks of one node)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                   help="cuda (auto) for Megatron-LM; cpu runs the arms on CPU/gloo (a stand-in pretrain_gpt.py, or "
-                        "the quick loop with alltoall): functional only")
+                   help="validate needs GPUs (auto, cuda); cpu runs the arms on CPU/gloo (a stand-in pretrain_gpt.py, "
+                        "or the quick loop with alltoall): a functional check, not a validation and not a measurement")
     p.add_argument("--out", default="moebench-megatron.jsonl", help="JSONL file to append the records to")
     if arm:
         p.add_argument("--dispatcher", type=dispatcher_list, required=True, help="this launch's arm: " + ", ".join(BACKENDS))
@@ -150,8 +151,7 @@ def cmd_flags(args) -> int:
                       "winner": fs.backend, "winner_record": None, "reason": "requested with --backend",
                       "flags": fs.asdict()}]
     if args.json:
-        print(json.dumps({"schema": FLAGS_SCHEMA, "megatron_core_version": version, "decisions": decisions},
-                         indent=1, default=str))
+        print(json.dumps(FlagsReport(version, decisions).asdict(), indent=1, default=str))
     else:
         print("\n\n".join(ab.format_decision(d) for d in decisions))
     return 0

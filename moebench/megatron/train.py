@@ -29,14 +29,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..backends.mcore import (
-    deepep_flex_setup,
-    emulate_cuda_on_cpu,
-    mcore_version,
-    num_sms_config,
-    patch_megatron_without_te,
-)
+from ..backends.deepep_family import cuda_home, deepep_flex_setup
+from ..backends.mcore import emulate_cuda_on_cpu, mcore_version, num_sms_config
 from ..core.megatron_map import BACKENDS
+from .patches import patch_megatron_without_te
 
 EXPECTED = {n: (b.dispatcher_class, b.manager_class) for n, b in BACKENDS.items()}   # classes that must run
 
@@ -254,13 +250,12 @@ def _progress(done: int, steps: int, loss: float, step_s: list[float]) -> None:
               file=sys.stderr, flush=True)
 
 
-def flex_setup(dispatcher: str, world: int, hidden: int, shared_gpu: bool) -> list[str]:
+def flex_setup(dispatcher: str, world: int, hidden: int, ranks_per_gpu: int) -> list[str]:
     """Before Megatron builds its DeepEP / HybridEP buffer: DeepEP as the mcore-deepep backend prepares it
-    (backends/mcore.deepep_flex_setup); HybridEP's kernel JIT gets its CUDA_HOME. Returns what was bypassed."""
+    (backends/deepep_family.deepep_flex_setup); HybridEP's kernel JIT gets its CUDA_HOME. Returns what was bypassed."""
     if dispatcher == "deepep":
-        return deepep_flex_setup(world, hidden, shared_gpu)
+        return deepep_flex_setup(world, hidden, ranks_per_gpu)
     if dispatcher == "hybridep":
-        from ..backends.hybridep import cuda_home
         cuda_home()
     return []
 
@@ -270,7 +265,7 @@ def rank_train(ctx, spec: TrainSpec, dispatcher: str, emulate: bool) -> dict:
     if emulate:
         emulate_cuda_on_cpu()
     patch_megatron_without_te()
-    bypassed = flex_setup(dispatcher, ctx.world, spec.hidden, ctx.ranks_per_gpu > 1) if BACKENDS[dispatcher].flex else []
+    bypassed = flex_setup(dispatcher, ctx.world, spec.hidden, ctx.ranks_per_gpu) if BACKENDS[dispatcher].flex else []
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     dev, world, group = ctx.device, ctx.world, ctx.group

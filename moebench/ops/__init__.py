@@ -81,7 +81,7 @@ def _available(name: str) -> tuple[bool, str]:
 
 # Fastest first, per op, side by side on Hopper: CUDA's permute is ahead of Triton's (by a few
 # percent once the Triton launch is direct), Triton's unpermute ahead of CUDA's, also inside the EP 1
-# combine (bench/results/README.md, "Why the permute defaults are what they are").
+# combine (docs/decisions.md, "The permute and unpermute defaults").
 PREFERENCE = {"permute": ("cuda", "triton"), "unpermute": ("triton", "cuda"),
               "sort_chunks_by_idxs": ("cuda", "triton")}
 

@@ -42,17 +42,17 @@ class Knobs(NamedTuple):
     # shape allow it (compute capability >= 9, or the interpreter; rows a multiple of 16 bytes);
     # 0 (default): the plain ``_permute_copy``. TMA is opt-in: on Hopper its copy is no faster than
     # the plain one and its descriptor costs host time
-    # (bench/results/README.md, "Why the permute defaults are what they are").
+    # (docs/decisions.md, "The permute and unpermute defaults").
     copy_tma: int
     # 1 (default): the copy's loads and stores stream (evict-first loads, ".cs" stores), as the CUDA
     # bulk copy's L2 evict-first hints do; 0: plain. Streaming is the default because its copy is
     # slightly faster than the plain one on Hopper
-    # (bench/results/README.md, "Why the permute defaults are what they are").
+    # (docs/decisions.md, "The permute and unpermute defaults").
     copy_cs: int
     # the index kernels: ``_route_rank``'s fewest slots per block (a power of 2; more when there are
     # more than 128 blocks' worth) and warps; ``_route_scan``'s experts per program, blocks per
     # chunk and warps. Each default is the fastest of the settings tried at T 4096, K 8, E 256
-    # (bench/results/README.md, "Why the permute defaults are what they are").
+    # (docs/decisions.md, "The permute and unpermute defaults").
     rank_sb: int
     rank_warps: int
     scan_eb: int
@@ -61,7 +61,7 @@ class Knobs(NamedTuple):
     # 1 (default): the scan and the copy are programmatic dependent launches where the device has
     # them (compute capability >= 9; not the interpreter), see triton_kernels.py; 0: plain launches.
     # On by default: hiding the launch latency between the kernels makes the permute slightly faster
-    # (bench/results/README.md, "Why the permute defaults are what they are").
+    # (docs/decisions.md, "The permute and unpermute defaults").
     pdl: int
     # tokens per copy program (a power of 2, 1-64): > 1 runs ``_permute_copy_rows``, whose program
     # loads a [copy_rows, copy_bh] tile of rows at once and stores it K times, the CUDA rows kernel's
@@ -135,7 +135,7 @@ class _Layout(NamedTuple):
 @functools.lru_cache(maxsize=256)
 def _layout(n: int, E: int, rank_sb: int, scan_eb: int) -> _Layout:
     """scan_eb experts per scan program: one program for all experts would make the scan a sizeable
-    share of the permute at large E (bench/results/README.md, "Why the permute defaults are what they are")."""
+    share of the permute at large E (docs/decisions.md, "The permute and unpermute defaults")."""
     SB = min(4096, max(rank_sb, _pow2(-(-n // 128))))
     NB = -(-n // SB)
     B0 = -(-n // 4) * 4             # the scan's array starts 16-byte aligned

@@ -5,7 +5,7 @@ one op: it asks for the device and stream, binds and specialises every argument,
 options dict into a string key, checks the kernel's globals and builds launch metadata. For the
 three permute launches and their torch glue that host time is well above the CUDA impl's one
 call, and when the host lags the GPU the timed call waits for it
-(bench/results/README.md, "Why the permute defaults are what they are").
+(docs/decisions.md, "The permute and unpermute defaults").
 
 ``launch(fn, grid, num_warps, *args, pdl=False)`` takes every kernel parameter positionally
 (constexprs too, in the kernel's order); ``pdl`` compiles the kernel with ``launch_pdl`` (a
@@ -14,7 +14,7 @@ in ``gdc_wait``). The first call for a specialisation key goes through
 ``fn[grid](...)``, which compiles and returns the CompiledKernel; later calls with the same key
 call its launcher directly, as ``JITFunction.run`` does at its end. Tensors go in as tensors:
 passing their addresses instead, which skips the launcher's per-pointer driver query, is no cheaper
-on the host (bench/results/README.md, "Why the permute defaults are what they are"). The key holds what Triton
+on the host (docs/decisions.md, "The permute and unpermute defaults"). The key holds what Triton
 specialises on (tensor dtype and 16-byte alignment; int divisibility by 16, == 1 and the
 i32/i64/u64 range; None; constexpr values and their types; num_warps; the device), so a cached
 kernel is only reused where Triton would pick the same one (tests/test_triton_launch.py checks

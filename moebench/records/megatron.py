@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 ARM_SCHEMA = "moebench.megatron.arm/1"
 VERDICT_SCHEMA = "moebench.megatron.verdict/1"
 LOOP_SCHEMA = "moebench.megatron.validate/1"
+FLAGS_SCHEMA = "moebench.megatron.flags/1"
 ENGINE_LM = "megatron-lm pretrain_gpt.py"
 ENGINE_LOOP = "moebench loop (megatron-core GPTModel, local spec, torch Adam)"
 
@@ -100,6 +101,18 @@ class LoopRecord:
         d = asdict(self)
         result = d.pop("result")
         return {**{k: v for k, v in d.items() if not (k == "shared_gpu" and v is None)}, **result}
+
+
+@dataclass
+class FlagsReport:
+    """`megatron flags --json`: the decisions (A/B and flags) for a results file or a named backend."""
+    megatron_core_version: str
+    decisions: list[dict]
+    schema: str = field(default=FLAGS_SCHEMA, init=False)
+
+    def asdict(self) -> dict:
+        return {"schema": self.schema, "megatron_core_version": self.megatron_core_version,
+                "decisions": self.decisions}
 
 
 def arm_problem(r: dict) -> str:

@@ -7,11 +7,12 @@ get plain dicts back (older files may lack newer fields: the accessors give thei
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field
+
+from .shapes import quantile
 from pathlib import Path
 
 SCHEMA = "moebench.result/1"           # moebench.dispatch, one record per case x backend x phase
@@ -32,7 +33,7 @@ class DispatchRecord:
     device: str                      # cpu | cuda
     backend: dict                    # {name, version, knobs, dedup}
     phase: str                       # dispatch | combine | a backend's extra phase
-    timing: dict | None              # timing.Stats.asdict(); None when nothing was timed
+    timing: dict | None              # shapes.Timing.asdict(); None when nothing was timed
     traffic: dict                    # the byte rule's pairs, bytes, GB/s, ceilings
     check: dict                      # {status: PASS | FAIL | WAIVED, error}
     env: dict                        # results.provenance()
@@ -63,7 +64,7 @@ class PermuteRecord:
     start_utc: str
     functional: bool
     end_utc: str | None = None
-    timing: dict | None = None       # timing.Stats.asdict()
+    timing: dict | None = None       # shapes.Timing.asdict()
     bytes: int | None = None         # unique bytes read + written
     GBps: float | None = None
     frac_of_copy: float | None = None
@@ -162,15 +163,6 @@ def gpu(r: dict) -> str | None:
     return (r.get("env") or {}).get("gpu")
 
 
-SAMPLED_VIEWS = ("api", "cached", "graph")   # the views that keep per-iteration samples (kernel keeps none)
-
-
-def quantile(sorted_values: list[float], p: float) -> float:
-    """The p-quantile by nearest rank (the p10 / p90 of every timing: harness/timing.stats and view_timing)."""
-    t = sorted_values
-    return t[min(len(t) - 1, max(0, math.ceil(p * len(t)) - 1))]
-
-
 def view_timing(r: dict, view: str = "api") -> dict | None:
     """A record's timing in one timing view, shaped like `timing` (median_us, p10_us, p90_us, samples_us,
     iters): api is the record's own; cached and graph come from their per-iteration samples (max over
@@ -183,6 +175,16 @@ def view_timing(r: dict, view: str = "api") -> dict | None:
     t = sorted(s)
     return {"median_us": statistics.median(t), "p10_us": quantile(t, 0.10), "p90_us": quantile(t, 0.90),
             "samples_us": list(s), "iters": len(s)}
+
+
+def view_us(r: dict, view: str) -> float | None:
+    """A record's figure in a timing view, else None: the view's `us` (one shape, harness/views); records
+    written before it keep theirs under `median_us` (api, graph: the median of the per-iteration max over
+    ranks) or `mean_us` (cached: rank 0's)."""
+    if view == "api":
+        return median_us(r)
+    v = (r.get("views") or {}).get(view) or {}
+    return next((v[k] for k in ("median_us", "us", "mean_us") if v.get(k) is not None), None)
 
 
 def timed(r: dict) -> bool:

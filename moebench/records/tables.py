@@ -34,59 +34,64 @@ def shorten(text: str, width: int) -> str:
     return cut.rstrip(" ,;:([") + "..."
 
 
-TABLE_COLUMNS = ("backend", "phase", "api us", "p90 us", "cached us", "kernel us", "graph us", "api-graph us",
-                 "algbw GB/s", "busbw GB/s", "wirebw GB/s", "frac ceil", "check")
-OVERLAP_COLUMNS = ("exposed us", "GEMM alone us", "GEMM slowdown")
+DEFAULT_VIEWS = ("api", "graph")    # the view columns a table shows without --wide
+LEGEND = ("# us: median, slowest rank; algbw/busbw: received (token, rank) pairs x bytes / api time, all / remote; "
+          "frac ceil: busbw / link; README.md: the table")
 
 
-def view_us(r: dict, view: str) -> float | None:
-    """A record's time in a timing view, else None: `cached` and `kernel` rank 0's (as the upstream tests
-    print), `graph` the median of the per-iteration max over ranks (as the api view's, so api - graph is
-    the host overhead), `api` the record's median."""
-    if view == "api":
-        return schema.median_us(r)
-    v = (r.get("views") or {}).get(view) or {}
-    return v.get("median_us") if view == "graph" else v.get("mean_us", v.get("us"))
+def columns(views: tuple[str, ...], wide: bool, overlap: bool) -> list[str]:
+    """The dispatch table's header: api first, then the other views, api - graph where graph is shown."""
+    head = ["backend", "phase", "api us", "p90 us", *(f"{v} us" for v in views if v != "api")]
+    if "graph" in views:
+        head.append("api-graph us")
+    head += ["algbw GB/s", "busbw GB/s", *(["wirebw GB/s"] if wide else []), "frac ceil"]
+    return head + (["exposed us", "GEMM alone us", "GEMM slowdown"] if overlap else []) + ["check"]
 
 
-def table_rows(records: list[dict]) -> list[list[str]]:
-    with_overlap = any(r.get("overlap") for r in records)
+def table_rows(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wide: bool = False) -> list[list[str]]:
+    """One row per timed or failed record; the check cell says PASS / FAIL (why, shortened) and marks
+    functional-only figures."""
+    overlap = any(r.get("overlap") for r in records)
     rows = []
     for r in records:
         t, tr = schema.timing(r), schema.traffic(r)
-        err = schema.error(r)
-        err = shorten(err, 90)      # the whole error is in the JSONL
+        err = shorten(schema.error(r), 60 if not wide else 90)       # the whole error is in the JSONL
         check = schema.status(r) + (f" ({err})" if err else "")
         if t and schema.is_functional(r):      # CPU/gloo or shared-GPU ranks: the times are no measurement
-            check += " [functional only]"
+            check += " [functional]"
         row = [schema.name(r), r["phase"], sig3(t.get("median_us")), sig3(t.get("p90_us")),
-               sig3(view_us(r, "cached")), sig3(view_us(r, "kernel")), sig3(view_us(r, "graph")),
-               sig3(t.get("api_minus_graph_us")),
-               sig3(tr.get("algbw_GBps")), sig3(tr.get("busbw_GBps")), sig3(tr.get("wirebw_GBps")),
-               sig3(tr.get("frac_of_ceiling")), check]
-        if with_overlap:
+               *(sig3(schema.view_us(r, v)) for v in views if v != "api")]
+        if "graph" in views:
+            row.append(sig3(t.get("api_minus_graph_us")))
+        row += [sig3(tr.get("algbw_GBps")), sig3(tr.get("busbw_GBps")),
+                *([sig3(tr.get("wirebw_GBps"))] if wide else []), sig3(tr.get("frac_of_ceiling"))]
+        if overlap:
             o = r.get("overlap") or {}
-            row[-1:-1] = [sig3(o.get("exposed_us")), sig3(o.get("gemm_alone_us")), sig3(o.get("gemm_slowdown"))]
-        rows.append(row)
+            row += [sig3(o.get("exposed_us")), sig3(o.get("gemm_alone_us")), sig3(o.get("gemm_slowdown"))]
+        rows.append(row + [check])
     return rows
 
 
-TABLE_LEGEND = ("# api/cached/kernel/graph us: the timing views (README, Timing views): the call a training step makes, "
-                "the call with its handle reused, the communication kernels alone, the graph-safe call replayed from a "
-                "CUDA graph; api-graph us: the host overhead a step pays without graphs; algbw: received (token, rank) "
-                "pairs, local included, x bytes per token / api time; busbw: the same from other ranks only (what "
-                "crossed links); wirebw: bytes the backend really moved; frac ceil: busbw / the nominal link ceiling; "
-                "exposed us, GEMM alone us, GEMM slowdown: --overlap; '-': not timed (FAIL, WAIVED), a view the "
-                "backend has not (the JSONL says why), no ceiling (CPU, shared GPU or an unknown GPU, without "
-                "--ceiling-gbps) or no remote pairs (EP 1)")
+def unavailable(records: list[dict]) -> list[str]:
+    """One line per backend that did not run (WAIVED), with the reason."""
+    seen = {}
+    for r in records:
+        if schema.status(r) == "WAIVED":
+            seen.setdefault(schema.name(r), schema.error(r))
+    return [f"# WAIVED {name}: {shorten(why, 140)}" for name, why in seen.items()]
 
 
-def format_table(records: list[dict]) -> str:
+def format_table(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wide: bool = False) -> str:
+    """The dispatch table: timed and failed rows (api and the `views` columns), each WAIVED backend on one
+    line with its reason, one legend line. wide: every figure (wirebw, long errors)."""
     from tabulate import tabulate
-    head = list(TABLE_COLUMNS)
-    if any(r.get("overlap") for r in records):
-        head[-1:-1] = OVERLAP_COLUMNS
-    return tabulate(table_rows(records), headers=head, tablefmt="simple", disable_numparse=True) + "\n" + TABLE_LEGEND
+    shown = [r for r in records if schema.status(r) != "WAIVED"]
+    overlap = any(r.get("overlap") for r in shown)
+    out = []
+    if shown:
+        out.append(tabulate(table_rows(shown, views, wide), headers=columns(views, wide, overlap), tablefmt="simple",
+                            disable_numparse=True))
+    return "\n".join(out + unavailable(records) + [LEGEND])
 
 
 def format_best(entries: list[dict], tablefmt: str = "simple") -> str:

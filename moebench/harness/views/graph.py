@@ -1,20 +1,9 @@
-"""Timing views (README.md, "Timing views"): what is inside a phase's time, named in every record.
-
-  api     what a training step pays for one call (layout, metadata, host waits, local permute):
-          barrier before each call, per-iteration max over ranks, median (timing.Timer.run).
-  cached  the backend's call repeated with the checked dispatch's handle / metadata reused, as
-          DeepEP's test_intranode and HybridEP's test time it: calls queued back to back, the
-          mean of the iterations after the first (DeepEP tests/utils.py `bench`), per rank; the
-          record keeps rank 0's (what those tests print) and the max over ranks.
-  kernel  the communication kernels alone, from the profiler: their device time per call,
-          averaged over the profiled calls (DeepEP's `bench_kineto`), per rank; rank 0 and max.
-  graph   the backend's graph-safe calls, dispatch + combine pairs captured back to back in one CUDA graph
-          with the api view's L2 flush before each phase, replayed, timed mark to mark inside it (TRT-LLM's
-          and MSCCL++'s EP benches time under graphs); api - graph is the host overhead.
-Every view of a phase moves the same data; views differ only in the host and metadata work inside.
-A view a backend cannot give is recorded as {"none": why}; a graph replay that returns wrong data
-or hangs, as {"fail": why} (and the backend's check is FAIL).
-"""
+"""graph: the backend's graph-safe calls, dispatch + combine pairs captured back to back in one CUDA graph
+with the api view's L2 flush before each phase, replayed, timed mark to mark inside it (TRT-LLM's and
+MSCCL++'s EP benches time under graphs); `us` is the median over calls of the per-call max over ranks (as
+the api view's), so api - graph (the record's `timing.api_minus_graph_us`) is the host overhead a step
+pays without graphs. A replay's outputs are poisoned before it runs and checked by the oracle after: wrong
+data or a hang is {"fail": why}. Backend hook: `graph_plan` (its graph-safe calls, or why it has none)."""
 from __future__ import annotations
 
 import statistics
@@ -22,75 +11,31 @@ import time
 
 import torch
 
-from .timing import Timer, agree_error, kernel_profile
+from ..timing import Timer, agree_error
+from . import PHASES, Case, fail, figure, none
+from .profile import per_rank
 
-VIEWS = ("api", "cached", "kernel", "graph")
-KERNEL_ROWS = 8      # the largest kernels of a phase (or of its cached call) kept in the record
-CACHED_AGG = "mean of back-to-back calls after the first (DeepEP tests/utils.py bench); rank 0 and max over ranks"
-KERNEL_AGG = ("device time of the communication kernels per call, mean over profiled calls (DeepEP "
-              "bench_kineto); rank 0 and max over ranks")
-API_AGG = "median over iterations of the per-iteration max over ranks, a barrier before each call"
+NAME, ORDER, SAMPLED = "graph", 3, True
+ABOUT = "the graph-safe call replayed from a CUDA graph"
 
 
-def none(why: str) -> dict:
-    return {"none": why}
-
-
-def _per_rank(timer: Timer, value: float, rank: int, *more: float) -> list[float]:
-    """[rank 0's value, max over ranks, max over ranks of each of `more`], in one collective;
-    every rank must call this."""
-    return timer.agree_max([value if rank == 0 else 0.0, value, *more])
-
-
-def cached(timer: Timer, fn, iters: int, warmup_ms: float, rank: int) -> dict:
-    """The cached view; on CUDA also the cached call's own kernels, each call behind the L2 flush as timed here
-    (rank 0's; what the graph view replays, and the floor of both)."""
-    timer.warmup(fn, warmup_ms)
-    times = timer.queued(fn, max(iters, 2) + 1)[1:]
-    r0, mx = _per_rank(timer, statistics.fmean(times) * 1e6, rank)
-    per_iter = timer.agree_max([t * 1e6 for t in times])       # for A/B verdicts on this view (report, flags)
-    out = {"mean_us": r0, "max_over_ranks_us": mx, "iters": len(times), "samples_us": [round(x, 3) for x in per_iter],
-           "aggregation": CACHED_AGG}
-    if timer.cuda:
-        rows = profile(fn, timer, flushed=True)
-        out["kernel_sum_us"] = _per_rank(timer, sum(r["us_per_iter"] for r in rows), rank)[0]
-        out["kernels"] = rows[:KERNEL_ROWS]
-    return out
-
-
-def comm_kernel_us(rows: list[dict], names: tuple[str, ...]) -> tuple[float, list[str]]:
-    """Device us per call of the kernels whose name holds one of `names`, and those kernels."""
-    hit = [r for r in rows if any(n in r["kernel"] for n in names)]
-    return sum(r["us_per_iter"] for r in hit), [r["kernel"] for r in hit]
-
-
-def kernel(timer: Timer, rows: list[dict], names: tuple[str, ...], rank: int) -> dict:
-    """The kernel view from a phase's full kernel profile (`rows`); every rank must call this."""
-    us, hit = comm_kernel_us(rows, names)
-    r0, mx, found = _per_rank(timer, us, rank, 1.0 if hit else 0.0)   # found: on any rank
-    if not found:
-        return none(f"no kernel named like {', '.join(names)} ran (e.g. EP 1, or gloo moves the bytes)")
-    return {"us": r0, "max_over_ranks_us": mx, "kernels": hit, "aggregation": KERNEL_AGG}
-
-
-def profile(fn, timer: Timer, flushed: bool = False) -> list[dict]:
-    """Every kernel of the call (timing.kernel_profile, untruncated): calls back to back, or (flushed) each
-    behind the timer's L2 flush as the api, cached and graph views time it."""
-    lead = timer.lead if (flushed and timer.flushes) else None
-    return kernel_profile(fn, timer.cuda, top=0, lead=lead)
-
-
-def host_split(median_us: float, rows: list[dict]) -> dict:
-    """Host time of a phase: what its api median holds beyond the sum of its kernels."""
-    ksum = sum(r["us_per_iter"] for r in rows)
-    return {"kernel_sum_us": ksum, "host_us": median_us - ksum}
+def run(case: Case) -> dict:
+    timer, spec = case.timer, case.spec
+    plan = case.backend.graph_plan(*case.inputs, case.d, case.y) if timer.cuda else "CPU run: no CUDA graphs"
+    g = graph(timer, plan, spec.iters, case.rank, case.check, wait_s=min(120.0, spec.timeout_s / 4),
+              calls=spec.graph_calls)
+    for phase in PHASES:
+        if g[phase].get("us") is not None and phase in case.timing:
+            # to the nanosecond: two equal medians read 0, not float noise such as 1.4e-14
+            case.timing[phase]["api_minus_graph_us"] = round(case.stats[phase].median_us - g[phase]["us"], 3)
+    return g
 
 
 GRAPH_CALLS = 4     # dispatch + combine pairs captured back to back in one graph (--graph-calls)
 GRAPH_AGG = ("--graph-calls dispatch + combine pairs captured back to back in one CUDA graph, each phase between two "
              "timing marks (event nodes) and the api view's L2 flush captured before each, outside the marks; the "
              "graph replayed behind a barrier; a call's time is mark to mark: the mean per call on rank 0 and over "
-             "ranks; median_us is the median over calls of the per-call max over ranks (as the api view's); no host "
+             "ranks; us is the median over calls of the per-call max over ranks (as the api view's); no host "
              "work and no launch are inside")
 POISON = 0xFF        # every byte of a replay's outputs before it runs: NaN in bf16 and e4m3, never a real row
 
@@ -167,21 +112,21 @@ def graph(timer: Timer, plan, iters: int, rank: int, check, wait_s: float, calls
     end = torch.cuda.Event()
     end.record()
     if not _done(end, wait_s):
-        return both({"fail": f"a replay did not finish within {wait_s:.0f} s (hang)"})
+        return both(fail(f"a replay did not finish within {wait_s:.0f} s (hang)"))
     try:
         bad = check(d_g, y_g)
     except Exception as e:  # noqa: BLE001 - outputs the oracle cannot even read are wrong outputs
         bad = f"outputs unreadable: {type(e).__name__}: {e}"
     bad = agree_error(bad, group)
     if bad:
-        return both({"fail": f"replayed {bad}"})
+        return both(fail(f"replayed {bad}"))
     spans, us = phase_spans(marks), {"dispatch": [], "combine": []}
     for _ in range(-(-max(iters, 1) // calls)):
         timer.barrier()
         g.replay()
         end.record()
         if not _done(end, wait_s):
-            return both({"fail": f"a replay of {calls} pairs did not finish within {wait_s:.0f} s (hang)"})
+            return both(fail(f"a replay of {calls} pairs did not finish within {wait_s:.0f} s (hang)"))
         for phase in us:
             us[phase] += [a.elapsed_time(b) * 1e3 for a, b in spans[phase]]
     return {p: _graph_view(timer, us[p], rank, plan.mode, calls, timer.flushes) for p in us}
@@ -189,7 +134,6 @@ def graph(timer: Timer, plan, iters: int, rank: int, check, wait_s: float, calls
 
 def _graph_view(timer: Timer, us: list[float], rank: int, mode: str, calls: int, flushed: bool) -> dict:
     per_call = timer.agree_max(us)
-    r0, mx = _per_rank(timer, statistics.fmean(us), rank)
-    return {"us": r0, "max_over_ranks_us": mx, "median_us": statistics.median(per_call),
-            "samples_us": [round(x, 3) for x in per_call], "calls": len(us), "calls_per_graph": calls,
-            "l2_flush": flushed, "mode": mode, "aggregation": GRAPH_AGG}
+    r0, mx = per_rank(timer, statistics.fmean(us), rank)
+    return figure(statistics.median(per_call), mx, GRAPH_AGG, per_call, rank0_mean_us=r0, calls=len(us),
+                  calls_per_graph=calls, l2_flush=flushed, mode=mode)

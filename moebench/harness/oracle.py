@@ -1,0 +1,45 @@
+"""The correctness check every backend passes before it is timed (DESIGN.md, Backend protocol): the
+correctness expert multiplies each row by (global expert id + 1); dispatch must hand each local expert
+exactly the oracle's rows (a multiset, bit for bit), and combine must return sum_k w[t,k] * (e_k + 1) * x[t].
+Graph replays and soak calls are checked by the same functions."""
+from __future__ import annotations
+
+import torch
+
+from ..backends import base
+from ..core import reference
+from ..core.workload import Workload
+
+
+def expert_outputs(d: base.Dispatched, rank: int, w: Workload) -> torch.Tensor:
+    """The correctness experts applied to the dispatched rows, zero rows for any padding past them."""
+    tpe = [int(c) for c in d.tokens_per_expert]
+    y = reference.apply_experts(d.x_RH[: sum(tpe)], tpe, rank, w, d.scales_RS)
+    rows = d.x_RH.shape[0]
+    return y if y.shape[0] == rows else torch.cat([y, y.new_zeros(rows - y.shape[0], *y.shape[1:])])
+
+
+def dispatch_error(d: base.Dispatched, w: Workload, rank: int, dev) -> str:
+    """'' when each local expert received exactly the oracle's rows, else the first difference."""
+    exp_rows, exp_scales = reference.expected_dispatch(w, rank, dev)
+    tpe = [int(c) for c in d.tokens_per_expert]
+    got_rows = reference.split_rows(d.x_RH, tpe)
+    got_scales = reference.split_rows(d.scales_RS, tpe) if d.scales_RS is not None else None
+    err = reference.check_dispatch(got_rows, got_scales, exp_rows, exp_scales, rank, w)
+    return "dispatch: " + err if err else ""
+
+
+def combine_error(out, payload, idx, wt, w: Workload, scales) -> str:
+    err = reference.check_combine(out, reference.expected_combine(payload, idx, wt, w, scales))
+    return "combine: " + err if err else ""
+
+
+def check(b, w: Workload, rank: int, payload, idx, wt, scales, dev):
+    """One dispatch and one combine through the oracle: (error or '', the dispatch, the expert outputs
+    combined from it)."""
+    d = b.dispatch(payload, idx, wt, scales)
+    err = dispatch_error(d, w, rank, dev)
+    if err:
+        return err, d, None
+    y = expert_outputs(d, rank, w)
+    return combine_error(b.combine(y, d.handle), payload, idx, wt, w, scales), d, y

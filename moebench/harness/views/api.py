@@ -1,0 +1,28 @@
+"""api: what a training step pays for one call (layout, metadata, host waits, the local permute): a
+barrier before each call, the L2 flush queued before it, CUDA events around it (CPU: host clock), the
+per-iteration max over ranks, the median. Every phase of the backend (its extra ones too, e.g. DeepEP's
+layout); its times are the record's `timing`. On CUDA (or with --profile) each phase's kernels are
+profiled too: the record's `kernels`, the host split, and what the kernel view reads."""
+from __future__ import annotations
+
+from . import Case, figure
+from .profile import host_split, profile
+
+NAME, ORDER, SAMPLED = "api", 0, True
+ABOUT = "the call a training step makes"
+AGG = "median over iterations of the per-iteration max over ranks, a barrier before each call"
+
+
+def run(case: Case) -> dict:
+    timer, spec, out = case.timer, case.spec, {}
+    for phase, fn in case.phases.items():
+        st = timer.run(fn, spec.iters, spec.warmup_ms)
+        case.stats[phase] = st
+        case.timing[phase] = st.asdict()
+        rows = profile(fn, timer) if (timer.cuda or spec.profile) else None
+        if rows is not None:
+            case.rows[phase] = rows
+            if timer.cuda:
+                case.timing[phase].update(host_split(st.median_us, rows))
+        out[phase] = figure(st.median_us, st.median_us, AGG, st.samples_us, iters=st.iters)
+    return out

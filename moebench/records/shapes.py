@@ -1,0 +1,146 @@
+"""The sub-shapes of a moebench.dispatch record, one dataclass each: timing (the api view's statistics),
+a timing view, traffic (the byte rule's figures), the check, shared-GPU ranks, overlap. A record field is a
+dataclass field here; the record is written as their dicts (`asdict`), readers get plain dicts back.
+Units live in key names."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field, fields
+
+
+def quantile(sorted_values: list[float], p: float) -> float:
+    """The p-quantile by nearest rank (the p10 / p90 of every timing)."""
+    import math
+    t = sorted_values
+    return t[min(len(t) - 1, max(0, math.ceil(p * len(t)) - 1))]
+
+
+def _compact(obj, optional: tuple[str, ...]) -> dict:
+    return {k: v for k, v in asdict(obj).items() if not (k in optional and v in (None, "", {}, []))}
+
+
+@dataclass
+class Timing:
+    """A phase's api-view statistics over iterations (each the max over ranks of that iteration)."""
+    timer: str
+    iters: int
+    median_us: float
+    p10_us: float
+    p90_us: float
+    min_us: float
+    samples_us: list[float]
+    launch: str = ""                 # where the host's launch of the call sits against the timed span
+    rank_agg: str = "max over ranks per iteration"
+    kernel_sum_us: float | None = None       # CUDA: the sum of the phase's kernels per call
+    host_us: float | None = None             # what the median holds beyond them
+    api_minus_graph_us: float | None = None  # the host overhead a step pays without CUDA graphs
+
+    @classmethod
+    def of(cls, times_s: list[float], timer: str) -> Timing:
+        samples = [x * 1e6 for x in times_s]
+        t = sorted(samples)
+        return cls(timer, len(t), statistics.median(t), quantile(t, 0.10), quantile(t, 0.90), t[0], samples)
+
+    def asdict(self) -> dict:
+        d = _compact(self, ("launch", "kernel_sum_us", "host_us", "api_minus_graph_us"))
+        d["samples_us"] = [round(x, 3) for x in self.samples_us]
+        return d
+
+
+@dataclass
+class View:
+    """One timing view of a phase (harness/views): its figure `us`, the max over ranks, how it was taken,
+    per-iteration samples for the views that keep them, and what else that view records (`extra`, flat)."""
+    us: float
+    max_over_ranks_us: float
+    aggregation: str
+    samples_us: list[float] | None = None
+    extra: dict = field(default_factory=dict)
+
+    def asdict(self) -> dict:
+        d = {"us": self.us, "max_over_ranks_us": self.max_over_ranks_us, "aggregation": self.aggregation}
+        if self.samples_us is not None:
+            d["samples_us"] = [round(x, 3) for x in self.samples_us]
+        return {**d, **self.extra}
+
+
+def view_none(why: str) -> dict:
+    """A view the backend cannot give (the record says why)."""
+    return {"none": why}
+
+
+def view_fail(why: str) -> dict:
+    """A view that gave wrong data or hung: the backend's check is FAIL."""
+    return {"fail": why}
+
+
+@dataclass
+class Traffic:
+    """The byte rule's figures of a phase (core/traffic.py), mean over ranks, with GB/s and ceilings once timed."""
+    pairs: float | None = None
+    bytes: float | None = None
+    bus_bytes: float | None = None
+    nvlink_bytes: float | None = None
+    net_bytes: float | None = None
+    wire_bytes: float | None = None
+    upstream: dict | None = None             # DeepEP's / HybridEP's own byte rules
+    algbw_GBps: float | None = None
+    busbw_GBps: float | None = None
+    nvlink_GBps: float | None = None
+    net_GBps: float | None = None
+    wirebw_GBps: float | None = None
+    ceiling_GBps: float | None = None
+    ceiling_source: str | None = None
+    frac_of_ceiling: float | None = None
+    measured_ceiling_GBps: float | None = None
+    frac_of_measured: float | None = None
+    note: str | None = None                  # a phase that moves no payload
+
+    def asdict(self) -> dict:
+        timed = self.algbw_GBps is not None
+        keep = {"ceiling_GBps", "ceiling_source"} if timed else set()
+        return {k: v for k, v in asdict(self).items() if v is not None or k in keep}
+
+
+@dataclass
+class Check:
+    status: str                              # PASS | FAIL | WAIVED
+    error: str | None = None
+    crash: str | None = None                 # the signal that killed a rank, or "hang"
+    native_bytes: dict | None = None         # the backend's own byte count beside moebench/1's (dispatch)
+
+    def asdict(self) -> dict:
+        return _compact(self, ("crash", "native_bytes"))
+
+
+@dataclass
+class SharedGpu:
+    ranks_per_gpu: int
+    bypassed: list[str]
+    note: str
+
+    def asdict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Overlap:
+    """A phase under a concurrent GEMM (harness/overlap.py)."""
+    gemm: str
+    comm_alone_us: float
+    gemm_alone_us: float
+    gemm_alone_p90_us: float
+    overlapped_us: float
+    overlapped_p10_us: float
+    overlapped_p90_us: float
+    gemm_overlapped_us: float
+    exposed_us: float
+    gemm_slowdown: float
+    order: str = "GEMM alone and overlapped alternate per iteration"
+
+    def asdict(self) -> dict:
+        return asdict(self)
+
+
+def field_names(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))

@@ -1,0 +1,129 @@
+"""Launching ranks: local spawn and torchrun/srun, rank failures named, dying with the parent, signals,
+backends that cannot take a shape."""
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import SMALL, alive, children_of, fake_env, wait_for
+from moebench.harness.launch import LaunchError, run_ranks
+from moebench.records.schema import read as read_records
+
+
+def sum_ranks(ctx):
+    t = torch.tensor([ctx.rank + 1.0])
+    dist.all_reduce(t)
+    return t.item()
+
+
+def raise_on_rank1(ctx):
+    if ctx.rank == 1:
+        raise ValueError("boom on purpose")
+    dist.barrier()          # the others wait for rank 1, which never comes
+    return ctx.rank
+
+
+def segfault_on_rank0(ctx):
+    if ctx.rank == 0:
+        ctypes.string_at(0)
+    dist.barrier()
+
+
+def hang(ctx):
+    time.sleep(60)
+
+
+def test_ranks_run_and_return_in_order():
+    assert run_ranks(sum_ranks, 3, "cpu", timeout_s=60) == [6.0, 6.0, 6.0]
+
+
+def test_a_rank_that_raises_fails_the_run_quickly():
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError, match="rank 1 failed: ValueError: boom on purpose"):
+        run_ranks(raise_on_rank1, 2, "cpu", timeout_s=60)
+    assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.slow
+def test_a_rank_that_crashes_is_named_with_its_signal():
+    with pytest.raises(LaunchError, match="rank 0 died.*SIGSEGV"):
+        run_ranks(segfault_on_rank0, 2, "cpu", timeout_s=60)
+
+
+@pytest.mark.slow
+def test_a_hang_ends_at_the_timeout():
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError, match="did not finish within 3 s"):
+        run_ranks(hang, 2, "cpu", timeout_s=3)
+    assert time.monotonic() - t0 < 20
+
+
+
+
+
+@pytest.mark.slow
+def test_backend_all_waives_what_cannot_take_the_shape(tmp_path):
+    """deep_ep importable (the fake), --hidden 100: deepep and deepep-ll are WAIVED with the reason, exit 0."""
+    out = tmp_path / "r.jsonl"
+    p = subprocess.run([sys.executable, "-m", "moebench.dispatch", *SMALL, "--hidden", "100", "--backend", "all",
+                        "--out", str(out)], capture_output=True, text=True, timeout=300, env=fake_env())
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+    recs = {r["backend"]["name"]: r for r in read_records(out)}
+    for name in ("deepep", "deepep-ll", "hybridep"):
+        assert recs[name]["check"]["status"] == "WAIVED", recs[name]["check"]
+        assert "--hidden" in recs[name]["check"]["error"]
+    assert recs["alltoall"]["check"]["status"] == "PASS"
+
+
+NAP = """
+import sys, time
+from moebench.harness.launch import run_ranks
+
+def nap(ctx):
+    time.sleep(120)
+
+if __name__ == "__main__":
+    run_ranks(nap, 2, "cpu", 300.0)
+"""
+
+
+@pytest.mark.slow
+def test_ranks_die_with_a_sigkilled_parent(tmp_path):
+    script = tmp_path / "nap.py"
+    script.write_text(NAP)
+    p = subprocess.Popen([sys.executable, str(script)], env=fake_env(), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        kids = wait_for(lambda: (lambda k: k if len(k) >= 3 else None)(children_of(p.pid)), 60)  # 2 ranks + tracker
+        assert kids and len(kids) >= 3, children_of(p.pid)
+        time.sleep(1.0)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+        assert wait_for(lambda: not any(alive(k) for k in kids), 20), [k for k in kids if alive(k)]
+    finally:
+        for k in children_of(p.pid):
+            os.kill(k, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_run_with_one_line_and_no_orphans(tmp_path):
+    p = subprocess.Popen([sys.executable, "-u", "-m", "moebench.dispatch", *SMALL[:-2], "--iters", "1000000",
+                          "--hidden", "64", "--backend", "alltoall", "--out", str(tmp_path / "r.jsonl")],
+                         env=fake_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    kids = wait_for(lambda: (lambda k: k if len(k) >= 2 else None)(children_of(p.pid)), 60)
+    assert kids, "no rank processes started"
+    time.sleep(3.0)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 143, err[-2000:]                   # 128 + SIGTERM
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert err.strip().splitlines() == [f"moebench.dispatch: interrupted by SIGTERM; 0 records of no backend kept in "
+                                        f"{tmp_path / 'r.jsonl'}; not run: alltoall"], err
+    assert wait_for(lambda: not any(alive(k) for k in kids), 20)

@@ -1,0 +1,148 @@
+"""Timing views (harness/views/: one module per view, one shape per view), the upstream byte-rule assertion,
+host time per phase, the alltoall path's skipped identity sorts, and phases that move no payload."""
+import json
+
+import pytest
+
+from moebench import ops
+from moebench.backends import base
+from moebench.backends.alltoall import AlltoallBackend
+from moebench.core.traffic import traffic_of
+from moebench.core.workload import Workload, make_routing
+from moebench.dispatch import main
+from moebench.harness import oracle, views
+from moebench.harness.launch import run_ranks
+from moebench.harness.runner import RankResult, rank_main
+from moebench.harness.spec import RunSpec
+from moebench.harness.views import graph, kernel, profile
+from moebench.records import dispatch as records
+
+W = Workload(num_tokens=16, hidden=64, num_experts=8, topk=2, ep=2)
+
+
+def rank_bytes(w):
+    t = traffic_of([make_routing(w, r)[0] for r in range(w.ep)], w)
+    return (t.pairs_SD.sum(0).double() * w.bytes_per_token).tolist()
+
+
+RANK_BYTES = rank_bytes(W)
+
+
+def run_fake(ctx, name, cls_path, rb):
+    base.REGISTRY[name] = cls_path
+    return rank_main(ctx, RunSpec(W, (name,), iters=2), name, measure=False, rank_bytes=rb)
+
+
+def test_a_backend_whose_own_byte_count_differs_fails_the_check():
+    outs = run_ranks(run_fake, 2, "cpu", timeout_s=60, args=("test-wrong-bytes", "conftest:WrongBytes", RANK_BYTES))
+    assert {o.status for o in outs} == {"FAIL"}
+    assert "byte rule" in outs[0].error and outs[0].phases == {}
+
+
+def test_views_are_found_in_the_package_in_order():
+    assert views.VIEWS == ("api", "cached", "kernel", "graph") and views.SAMPLED == ("api", "cached", "graph")
+    assert all(m.ABOUT and m.NAME == n for n, m in views.REGISTRY.items())
+
+
+def test_cpu_records_carry_every_view_in_one_shape(tmp_path):
+    out = tmp_path / "r.jsonl"
+    assert main(["--ep", "2", "--num-tokens", "16", "--hidden", "64", "--num-experts", "8", "--topk", "2",
+                 "--backend", "alltoall", "--iters", "3", "--out", str(out)]) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    for r in recs:
+        v = r["views"]
+        assert v["api"]["us"] == r["timing"]["median_us"] and v["api"]["samples_us"] == r["timing"]["samples_us"]
+        assert v["cached"]["us"] > 0 and v["cached"]["iters"] == 3 and len(v["cached"]["samples_us"]) == 3
+        assert v["cached"]["max_over_ranks_us"] >= v["cached"]["us"]
+        for name in ("api", "cached"):
+            assert {"us", "max_over_ranks_us", "samples_us", "aggregation"} <= set(v[name]), v[name]
+        assert "none" in v["kernel"] and "none" in v["graph"]     # CPU: no GPU kernels, no CUDA graphs
+
+
+def test_comm_kernel_sum_takes_only_named_kernels():
+    rows = [{"kernel": "ncclDevKernel_SendRecv", "us_per_iter": 10.0}, {"kernel": "permute_rows", "us_per_iter": 5.0},
+            {"kernel": "ncclDevKernel_Reduce", "us_per_iter": 2.5}]
+    us, hit = kernel.comm_kernel_us(rows, ("nccl",))
+    assert us == 12.5 and hit == ["ncclDevKernel_SendRecv", "ncclDevKernel_Reduce"]
+    assert profile.host_split(20.0, rows) == {"kernel_sum_us": 17.5, "host_us": 2.5}
+
+
+def test_layout_phase_has_no_bytes_and_no_gbps():
+    t = traffic_of([make_routing(W, r)[0] for r in range(W.ep)], W)
+    timing = {"median_us": 10.0, "p10_us": 9.0, "p90_us": 11.0}
+    res = RankResult("PASS", phases={"dispatch": timing, "layout": timing})
+    recs = records.build(RunSpec(W, ("deepep",)), "deepep", True, res, t, None, [], "now")
+    by = {r["phase"]: r for r in recs}
+    assert "algbw_GBps" in by["dispatch"]["traffic"] and by["dispatch"]["traffic"]["bytes"] > 0
+    assert "bytes" not in by["layout"]["traffic"] and "algbw_GBps" not in by["layout"]["traffic"]
+    assert "layout" not in records.PAYLOAD_OF
+
+
+@pytest.mark.parametrize("ep,experts", [(1, 8), (2, 2)])
+def test_alltoall_skips_the_identity_chunk_sort(ep, experts, monkeypatch):
+    """EP 1, or one local expert per rank: the received chunks are already expert-major."""
+    w = Workload(num_tokens=16, hidden=64, num_experts=experts, topk=2, ep=ep, routing="uniform,masked:0.3")
+    outs = run_ranks(_count_sorts, ep, "cpu", timeout_s=60, args=(w,))
+    assert all(o == (0, "") for o in outs), outs
+
+
+def test_alltoall_still_sorts_when_chunks_interleave():
+    w = Workload(num_tokens=16, hidden=64, num_experts=8, topk=2, ep=2)
+    outs = run_ranks(_count_sorts, 2, "cpu", timeout_s=60, args=(w,))
+    assert all(o[0] > 0 and o[1] == "" for o in outs), outs
+
+
+def _count_sorts(ctx, w):
+    from moebench.core import workload
+    calls = []
+    real = ops.sort_chunks_by_idxs
+    ops.sort_chunks_by_idxs = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        b = AlltoallBackend(knob_values={"ops_impl": "torch"})
+        b.setup(ctx.group, w, ctx.device)
+        x, idx, wt, q, s = workload.rank_inputs(w, ctx.rank)
+        err = oracle.check(b, w, ctx.rank, x, idx, wt, s, ctx.device)[0]
+    finally:
+        ops.sort_chunks_by_idxs = real
+    return len(calls), err
+
+
+def test_alltoall_cached_view_moves_the_same_rows():
+    """The cached dispatch is the permute, the exchange and the sort with the splits known (one permute
+    call, no count exchange), giving the api dispatch's rows bit for bit; the cached combine is the api's."""
+    for same_rows, same_out, calls in run_ranks(_cached_rows, 2, "cpu", timeout_s=60, args=(W,)):
+        assert same_rows and same_out and calls == {"permute": 1, "counts": 0}, calls
+
+
+def _cached_rows(ctx, w):
+    import torch
+    import torch.distributed as dist
+
+    from moebench.core import reference, workload
+    b = AlltoallBackend(knob_values={"ops_impl": "torch"})
+    b.setup(ctx.group, w, ctx.device)
+    x, idx, wt, q, s = workload.rank_inputs(w, ctx.rank)
+    d = b.dispatch(x, idx, wt)
+    y = reference.apply_experts(d.x_RH, d.tokens_per_expert, ctx.rank, w)
+    fns = b.cached_phases(x, idx, wt, None, d, y)
+    calls = {"permute": 0, "counts": 0}
+    real_permute, real_a2a = ops.permute, dist.all_to_all_single
+    ops.permute = lambda *a, **k: calls.__setitem__("permute", calls["permute"] + 1) or real_permute(*a, **k)
+    dist.all_to_all_single = lambda out, inp, *a, **k: (calls.__setitem__("counts", calls["counts"] + (
+        inp.dtype == torch.int64)) or real_a2a(out, inp, *a, **k))
+    try:
+        dc = fns["dispatch"]()
+        out = fns["combine"]()
+    finally:
+        ops.permute, dist.all_to_all_single = real_permute, real_a2a
+    return torch.equal(dc.x_RH, d.x_RH), torch.equal(out, b.combine(y, d.handle)), calls
+
+
+def test_graph_phase_spans_pair_each_calls_marks():
+    """Four marks per captured pair (dispatch start, end, combine start, end; the between step and the
+    L2 flush lie outside them): each phase's spans are its own marks, in capture order."""
+    marks = list(range(12))
+    spans = graph.phase_spans(marks)
+    assert spans == {"dispatch": [(0, 1), (4, 5), (8, 9)], "combine": [(2, 3), (6, 7), (10, 11)]}
+    with pytest.raises(AssertionError):
+        graph.phase_spans(marks[:-1])

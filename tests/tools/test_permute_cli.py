@@ -1,0 +1,83 @@
+"""python -m moebench.permute on CPU: records per impl and op, bad input exits 2."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from moebench import permute
+from moebench.env.toolkit import installed
+
+
+def test_cpu_run_writes_records(tmp_path, capsys):
+    out = tmp_path / "p.jsonl"
+    rc = permute.main(["--ops-impl", "torch,megatron", "--shapes", "32x64x2x4", "--iters", "2",
+                       "--out", str(out)])
+    assert rc == 0
+    assert "CPU times are not performance figures" in capsys.readouterr().out
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["schema"] for r in recs} == {"moebench.permute/1"} and all(r["functional"] for r in recs)
+    torch_ops = {r["op"] for r in recs if r["impl"] == "torch"}
+    assert torch_ops == {"permute", "permute_wait", "unpermute"}
+    assert all(r["check"]["status"] == "PASS" for r in recs if r["impl"] == "torch")
+    t = next(r for r in recs if r["impl"] == "torch" and r["op"] == "permute")
+    assert t["bytes"] == (32 + t["shape"]["R"]) * 64 * 2 and t["timing"]["iters"] == 2
+    mega = [r for r in recs if r["impl"] == "megatron"]
+    if not installed("megatron.core"):                     # the rest needs megatron-core
+        assert mega and {r["check"]["status"] for r in mega} == {"WAIVED"}
+        return
+    assert "permute_wait" not in {r["op"] for r in mega}   # megatron needs the row count
+    if mega and mega[0]["check"]["status"] == "PASS":
+        assert "speedup_vs_megatron" in next(r for r in recs if r["impl"] == "torch"
+                                             and r["op"] == "permute_wait")
+
+
+@pytest.mark.parametrize("argv", [["--shapes", "4x8x5x4"], ["--shapes", "4x8"], ["--ops-impl", "nope"], ["--impl", "nope"],
+                                  ["--ops", "gather"], ["--iters", "0"]])
+def test_bad_input_exits_2(argv, capsys):
+    assert permute.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("moebench.permute: ")
+
+
+def test_out_appends_and_old_flag_names_still_work(tmp_path):
+    out = tmp_path / "p.jsonl"
+    argv = ["--shapes", "16x32x2x4", "--iters", "1", "--ops", "permute", "--out", str(out)]
+    assert permute.main(["--ops-impl", "torch", "--no-flush-l2", *argv]) == 0
+    assert permute.main(["--impl", "torch", "--no-flush", *argv]) == 0          # hidden aliases
+    assert [json.loads(line)["impl"] for line in out.read_text().splitlines()] == ["torch", "torch"]
+
+
+# ---------------------------------------------------------------- first contact
+def test_plot_title_names_the_device_and_the_path_is_printed(tmp_path, capsys):
+    png = tmp_path / "p.png"
+    assert permute.main(["--ops-impl", "torch", "--shapes", "16x32x2x4", "--iters", "1",
+                         "--ops", "permute", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert png.stat().st_size > 0 and f"plot written to {png}" in out
+    rec = {"timing": {}, "GBps": 1.0, "impl": "torch", "op": "permute", "env": {"gpu": None},
+           "shape": {"T": 16, "H": 32}}
+    title = permute.plot([rec], 1.0, str(tmp_path / "q.png")).axes[0].get_title()
+    assert "None" not in title and "CPU" in title
+    assert "NVIDIA H200" in permute.plot([dict(rec, env={"gpu": "NVIDIA H200"})], 1.0,
+                                         str(tmp_path / "r.png")).axes[0].get_title()
+
+
+def test_progress_line_per_shape_and_impl_on_stderr(capsys):
+    assert permute.main(["--ops-impl", "torch,te", "--shapes", "16x32x2x4,8x32x2x4", "--iters", "1",
+                         "--ops", "permute"]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("# ")]
+    assert err[0] == "# shape 1/2 16x32x2x4 torch (1/2 impls)"
+    assert len(err) == 4 and err[-1].startswith("# shape 2/2 8x32x2x4 te (2/2 impls)")
+
+
+@pytest.mark.skipif(not installed("megatron.core"), reason="needs megatron-core")
+@pytest.mark.slow
+def test_no_transformer_engine_warnings_from_megatron_import():
+    import subprocess
+    import sys
+    code = ("import warnings; warnings.simplefilter('always'); from moebench import permute; "
+            "permute._megatron()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Transformer Engine and Apex are not installed" not in r.stderr

@@ -1,0 +1,153 @@
+"""moebench.plan: its model against hand-computed cases; bad numbers are one line naming the flag, exit 2
+(never replaced by a default); CPU and shared-GPU results are not used as measurements."""
+from math import comb
+import json
+import time
+
+import pytest
+
+from moebench import plan
+from moebench.core.workload import Workload, WorkloadError
+
+
+def run(capsys, *argv):
+    assert plan.main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_ep16_on_8gpu_nodes_half_from_other_node(capsys):
+    p = run(capsys, "--gpus", "16", "--gpus-per-node", "8", "--ep", "16", "--num-tokens", "2048")
+    lay, f = p["layout"], p["pairs"]["dispatch"]["fraction"]
+    assert lay["leaves_nvlink_domain"] and lay["ep_nodes"] == 2 and lay["ep_ranks_per_node"] == 8
+    # uniform: every source sends the same expected pairs to a rank; 8 of 16 sources are on the other node
+    assert f["net"] == pytest.approx(0.5, abs=0.01)
+    assert f["local"] == pytest.approx(1 / 16, abs=0.005) and f["nvlink"] == pytest.approx(7 / 16, abs=0.01)
+    assert p["pairs"]["combine"]["fraction"]["net"] == pytest.approx(0.5, abs=0.01)
+    assert any("leave the NVLink domain" in a for a in p["advice"])
+    assert any("With EP 8" in a for a in p["advice"])
+
+
+def test_ep8_on_8gpu_nodes_has_no_network_pairs(capsys):
+    p = run(capsys, "--gpus", "16", "--ep", "8", "--num-tokens", "1024")
+    d = p["pairs"]["dispatch"]
+    assert not p["layout"]["leaves_nvlink_domain"] and p["layout"]["expert_dp"] == 2
+    assert d["mean"]["net"] == 0 and d["max"]["net"] == 0 and p["bytes"]["dispatch"]["net_bytes"] == 0
+    assert d["fraction"]["local"] == pytest.approx(1 / 8, abs=0.005)
+    assert "Keep it there" in p["advice"][0]
+
+
+def test_tp_times_ep_leaves_the_domain(capsys):
+    p = run(capsys, "--gpus", "16", "--ep", "8", "--tp", "2", "--num-tokens", "1024")
+    lay = p["layout"]
+    assert lay["etp"] == 2 and lay["ep_span_ranks"] == 16 and lay["leaves_nvlink_domain"]
+    assert lay["ep_ranks_per_node"] == 4
+    assert p["pairs"]["dispatch"]["fraction"]["net"] == pytest.approx(0.5, abs=0.01)   # 4 of 8 EP ranks remote
+    p = run(capsys, "--gpus", "16", "--ep", "8", "--tp", "2", "--etp", "1", "--num-tokens", "1024")
+    assert not p["layout"]["leaves_nvlink_domain"] and p["pairs"]["dispatch"]["mean"]["net"] == 0
+
+
+def expected_pairs_per_token(ranks, experts_per_rank, pool, k):
+    """Distinct ranks hit when k distinct experts are drawn from `pool` experts over `ranks` ranks."""
+    return ranks * (1 - comb(pool - experts_per_rank, k) / comb(pool, k))
+
+
+def test_pair_counts_match_hypergeometric_and_group_limits():
+    T = 2048
+    w = Workload(num_tokens=T, hidden=256, num_experts=64, topk=4, ep=16, gpus_per_node=8)
+    c = plan.pair_counts(w)
+    # every source sends T tokens; each reaches E[distinct ranks] ranks; 16 sources, 16 destinations
+    assert c["dispatch"]["mean"]["total"] / T == pytest.approx(expected_pairs_per_token(16, 4, 64, 4), rel=0.02)
+    # group:2:1 -> all 4 experts inside one 32-expert group = one node's 8 ranks
+    g = plan.pair_counts(w.replace(routing="group:2:1"))
+    assert g["dispatch"]["mean"]["total"] / T == pytest.approx(expected_pairs_per_token(8, 4, 32, 4), rel=0.02)
+    assert g["dispatch"]["mean"]["total"] < c["dispatch"]["mean"]["total"]
+    # each token reaches exactly one node: node-deduplicated network rows = T/2 per source, shared by 8 ranks
+    assert g["dispatch"]["mean"]["net_node_dedup"] == pytest.approx(16 * T * 0.5 / 16, rel=0.05)
+
+
+def test_group_limited_to_one_of_eight_nodes(capsys):
+    p = run(capsys, "--gpus", "64", "--ep", "64", "--routing", "group:8:1", "--num-tokens", "1024")
+    # the chosen group (= node) is the source's own node with probability 1/8
+    assert p["pairs"]["dispatch"]["fraction"]["net"] == pytest.approx(7 / 8, abs=0.01)
+
+
+def test_predicted_times_follow_link_speeds(tmp_path, capsys):
+    base = ["--gpus", "8", "--ep", "8", "--num-tokens", "1024", "--hidden", "1024"]
+    p = run(capsys, *base)
+    d = p["pairs"]["dispatch"]
+    lower = d["mean"]["nvlink"] * 2 * 1024 / 450e9 * 1e6
+    upper = d["max"]["nvlink"] * 2 * 1024 / 450e9 * 1e6
+    assert lower <= p["predicted_us"]["nominal"]["dispatch"] <= upper * 1.0001
+    rec = {"workload": {"num_tokens": 1024, "hidden": 1024, "topk": 8, "dtype": "bf16"}, "backend": {"name": "deepep"},
+           "phase": "dispatch", "timing": {"median_us": 1.0}, "check": {"status": "PASS"},
+           "traffic": {"bus_bytes": 1.0, "net_bytes": 0.0, "busbw_GBps": 300.0}}
+    f = tmp_path / "r.jsonl"
+    f.write_text(json.dumps(rec) + "\n")
+    p2 = run(capsys, *base, "--results", str(f))
+    assert p2["predicted_us"]["measured:deepep"]["dispatch"] == pytest.approx(
+        p2["predicted_us"]["nominal"]["dispatch"] * 450 / 300)
+    p3 = run(capsys, *base, "--nvlink-gbps", "900")
+    assert p3["predicted_us"]["nominal"]["dispatch"] == pytest.approx(p["predicted_us"]["nominal"]["dispatch"] / 2)
+
+
+def test_large_ep_samples_tokens_and_stays_fast(capsys):
+    t0 = time.time()
+    p = run(capsys, "--gpus", "512", "--ep", "512", "--num-experts", "512", "--num-tokens", "4096")
+    assert time.time() - t0 < 20
+    assert p["sampled_tokens"] < 4096
+    assert p["pairs"]["dispatch"]["fraction"]["net"] == pytest.approx(1 - 8 / 512, abs=0.005)
+    assert p["pairs"]["dispatch"]["mean"]["total"] == pytest.approx(
+        4096 * expected_pairs_per_token(512, 1, 512, 8), rel=0.03)
+
+
+def test_bad_layouts_exit_2(capsys):
+    assert plan.main(["--gpus", "16", "--ep", "3"]) == 2            # 256 experts over 3 ranks
+    assert plan.main(["--gpus", "12", "--ep", "12", "--num-experts", "48"]) == 2   # 12 ranks straddle 8-GPU nodes
+    assert plan.main(["--gpus", "8", "--ep", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("moebench.plan: error:") == 3 and "Traceback" not in err
+    with pytest.raises(WorkloadError):
+        plan.layout(16, 8, 4, tp=3)
+
+
+def test_text_output(capsys):
+    assert plan.main(["--gpus", "16", "--ep", "16", "--num-tokens", "512"]) == 0
+    out = capsys.readouterr().out
+    assert "leaves the NVLink domain: YES" in out and "predicted (nominal)" in out and "advice:" in out
+
+
+BASE = ["--ep", "8", "--num-tokens", "256", "--hidden", "256"]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--gpus", "0", *BASE], "--gpus"), ([*BASE, "--net-gbps", "0"], "--net-gbps"),
+    ([*BASE, "--net-gbps", "-1"], "--net-gbps"), ([*BASE, "--nvlink-gbps", "-1"], "--nvlink-gbps"),
+    ([*BASE, "--nvlink-gbps", "0"], "--nvlink-gbps"), ([*BASE, "--nvlink-gbps", "nan"], "--nvlink-gbps"),
+    (["--ep", "0"], "--ep"), (["--gpus", "16", "--ep", "0"], "--ep"),
+])
+def test_bad_plan_numbers_name_their_flag(capsys, argv, flag):
+    assert plan.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"moebench.plan: error: {flag} "), err
+
+
+def measured(device, functional, busbw=300.0):
+    return {"workload": {"num_tokens": 256, "hidden": 256, "topk": 8, "dtype": "bf16"}, "backend": {"name": "deepep"},
+            "device": device, "functional": functional, "phase": "dispatch", "timing": {"median_us": 1.0},
+            "check": {"status": "PASS"}, "traffic": {"bus_bytes": 1.0, "net_bytes": 0.0, "busbw_GBps": busbw}}
+
+
+def test_cpu_results_are_not_measurements(tmp_path, capsys):
+    cpu = tmp_path / "cpu.jsonl"
+    cpu.write_text(json.dumps(measured("cpu", True, 0.05)) + "\n")
+    assert plan.main([*BASE, "--results", str(cpu)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("moebench.plan: error: --results: every record is functional only"), err
+    both = tmp_path / "both.jsonl"
+    both.write_text(json.dumps(measured("cpu", True, 0.05)) + "\n" + json.dumps(measured("cuda", False)) + "\n")
+    assert plan.main([*BASE, "--results", str(both), "--json"]) == 0
+    out, err = capsys.readouterr()
+    p = json.loads(out)
+    nominal = p["predicted_us"]["nominal"]["dispatch"]
+    assert p["predicted_us"]["measured:deepep"]["dispatch"] == pytest.approx(nominal * 450 / 300)   # the GPU row only
+    assert "left out 1 record" in err
