@@ -98,7 +98,7 @@ def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
         _teardown(b)
         out.status, out.error = ("WAIVED", err.removeprefix(WAIVED)) if err.startswith(WAIVED) else ("FAIL", err)
         return out
-    timer = Timer(dev, ctx.group, spec.flush_l2)
+    timer = Timer.for_run(spec, dev, ctx.group)
     case = _case(b, timer, ctx, spec, (payload, idx, wt, s), checked["d"], checked["y"])
     out.views = views.run_all(case, spec.views)
     out.phases, out.kernels = case.timing, {p: r[:views.KERNEL_ROWS] for p, r in case.rows.items()}

@@ -44,6 +44,11 @@ class Timer:
                           if (self.cuda and flush_l2) else None)
         self._token = torch.zeros(1, device=device)
 
+    @classmethod
+    def for_run(cls, spec, device: torch.device, group) -> Timer:
+        """The timer of a dispatch run: its settings read from the run's RunSpec (harness/spec.py)."""
+        return cls(device, group, spec.flush_l2)
+
     def barrier(self) -> None:
         if self.group is not None and dist.get_world_size(self.group) > 1:
             dist.all_reduce(self._token, group=self.group)
