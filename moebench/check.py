@@ -40,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
     add_shape_args(p, tokens_help="round-trip tokens per rank")
     p.add_argument("--ll-num-tokens", type=cli.count(), default=128, help="round-trip tokens per rank for deepep-ll")
     p.add_argument("--iters", type=cli.count(), default=10, help="timed iterations of the round trips")
+    p.add_argument("--soak", type=cli.count(0), default=0, metavar="N",
+                   help="after each round trip, N more calls on fresh routing (and N graph replays), each checked "
+                        "against the oracle: a build that corrupts a few percent of calls FAILs (default 0: off)")
     p.add_argument("--timeout", type=cli.number(0, strict=True), default=300.0, help="seconds per contained probe")
     p.add_argument("--sysfs-root", default="/sys", help=argparse.SUPPRESS)     # fake trees in tests
     p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def finished(name: str, recs: list[dict]) -> None:     # each backend's records on disk as it ends
         writer.write_jsonl(args.out, recs)
-        done.append(name)
+        if name not in done:
+            done.append(name)
         written[0] += len(recs)
     try:
         records = run_case(run, list(sys.argv[1:] if argv is None else argv), progress=say, sink=finished)

@@ -118,3 +118,31 @@ class WrongBytes(AlltoallBackend):
         w = self.w
         pairs = traffic_of([make_routing(w, r)[0] for r in range(w.ep)], w).pairs_SD.sum(0).double()
         return float(pairs[dist.get_rank(self.group)] * w.bytes_per_token) + 1
+
+
+class FlakyCombine(AlltoallBackend):
+    """Returns one wrong combined row in every 25th combine from the 25th on (about 4% of calls), as DeepEP's
+    low-latency combine did on Blackwell: the one check before timing (the first combine) passes it."""
+    name = "test-flaky"
+    combines = 0
+
+    def combine(self, y_RH, handle):
+        out = super().combine(y_RH, handle)
+        FlakyCombine.combines += 1
+        if FlakyCombine.combines % 25 == 0:
+            out = out.clone()
+            out[3] = out[3] * 2 + 1
+        return out
+
+
+class CrashesInSoak(AlltoallBackend):
+    """Dies with SIGSEGV on rank 1 at its 40th dispatch (a soak reaches it; a check and a short timing do not)."""
+    name = "test-crash-late"
+    dispatches = 0
+
+    def dispatch(self, *a, **k):
+        CrashesInSoak.dispatches += 1
+        if CrashesInSoak.dispatches == 40 and dist.get_rank(self.group) == 1:
+            import signal
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return super().dispatch(*a, **k)

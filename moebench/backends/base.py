@@ -8,6 +8,7 @@ when that backend is asked for.
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
@@ -26,6 +27,20 @@ REGISTRY: dict[str, str] = {
     "mcore-deepep": "moebench.backends.mcore:McoreDeepEPBackend",
     "mcore-hybridep": "moebench.backends.mcore:McoreHybridEPBackend",
 }
+PLUGIN_ENV = "MOEBENCH_BACKENDS"    # NAME=module:Class[,...]: backends of your own, without editing moebench
+
+
+def _plugins(text: str) -> dict[str, str]:
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, sep, path = item.partition("=")
+        if not (sep and name and ":" in path):
+            raise WorkloadError(f"{PLUGIN_ENV}: {item!r} is not NAME=module:Class")
+        out[name] = path
+    return out
+
+
+REGISTRY.update(_plugins(os.environ.get(PLUGIN_ENV, "")))
 
 
 @dataclass
@@ -219,15 +234,20 @@ def get(name: str) -> type[Backend]:
 
 
 def parse_backends(spec: str) -> list[str]:
-    """'all' or a comma-separated list; unknown names raise WorkloadError."""
-    if spec == "all":
+    """'all' or a comma-separated list; unknown, empty or repeated names raise WorkloadError."""
+    if spec.strip() == "all":
         return list(REGISTRY)
-    out = [s.strip() for s in spec.split(",") if s.strip()]
-    if not out:
+    out = [s.strip() for s in spec.split(",")]
+    if not any(out):
         raise WorkloadError(f"--backend names no backend (give all, or a list of: {', '.join(REGISTRY)})")
+    if not all(out):
+        raise WorkloadError(f"--backend {spec!r} has an empty name between its commas")
     for n in out:
         if n not in REGISTRY:
             raise WorkloadError(f"unknown backend {n!r} (known: all, {', '.join(REGISTRY)})")
+    twice = sorted({n for n in out if out.count(n) > 1})
+    if twice:
+        raise WorkloadError(f"--backend names {twice[0]} twice")
     return out
 
 

@@ -85,7 +85,7 @@ def roundtrip_spec(backend: str, where, num_tokens: int, o, knobs: dict):
                  gpus_per_node=where.ranks)
     return RunSpec(workload=w, backends=(backend,), explicit=True, device=where.device, iters=o.iters, warmup_ms=100.0,
                    timeout_s=o.timeout, knobs={"ops_impl": "auto", **knobs}, out=os.devnull,
-                   ranks_per_gpu=where.ranks_per_gpu)
+                   ranks_per_gpu=where.ranks_per_gpu, soak=getattr(o, "soak", 0))
 
 
 def roundtrip(ctx: Context, backend: str, variants: list[dict], num_tokens: int | None = None, sizes=None):
@@ -126,10 +126,13 @@ def judge_roundtrip(recs: list[dict], backend: str, where: str):
         return waived(f"{backend}: {errors[0] if errors else 'WAIVED'}", errors=errors)
     rows = rows_from_records(recs)
     figures = ", ".join(f"{r_['backend']} {r_['phase']} {r_['GBps']:.3g}" for r_ in rows)
-    return passed(f"{where}, T {recs[0]['workload']['num_tokens']}: oracle PASS; algbw GB/s: {figures}"
+    soaks = [rec["soak"] for rec in recs if rec.get("soak")]
+    soaked = "".join(f"; soak {s['summary']}" + (f", graph {s['graph']['replays']} replays right"
+                                                  if (s.get("graph") or {}).get("replays") else "") for s in soaks)
+    return passed(f"{where}, T {recs[0]['workload']['num_tokens']}: oracle PASS; algbw GB/s: {figures}{soaked}"
                   + (" (functional only)" if any(r_.get("functional") for r_ in recs) else ""),
                   rows=rows, records=[{k: rec.get(k) for k in ("backend", "phase", "timing", "traffic", "check",
-                                                               "functional", "shared_gpu")} for rec in recs])
+                                                               "functional", "shared_gpu", "soak")} for rec in recs])
 
 
 @register("deepep.roundtrip", "deepep (legacy Buffer, normal mode) dispatch + combine against the oracle: "

@@ -109,3 +109,42 @@ def check_combine(out_TH: torch.Tensor, expected_TH: torch.Tensor, rel_tol: floa
         return f"combine token {worst}: relative error {err[worst]:.3g} > {rel_tol:g}"
     return ""
 
+
+
+def _row_hashes(key: torch.Tensor) -> torch.Tensor:
+    coef = torch.randint(1, 2**31 - 1, (key.shape[1],), generator=torch.Generator().manual_seed(11))
+    return (key.to(torch.int64) * coef.to(key.device)).sum(1)
+
+
+def dispatch_bad_rows(got_rows: list[torch.Tensor], got_scales, exp_rows, exp_scales, rank: int,
+                      w: Workload) -> list[tuple[int, int]]:
+    """[(global expert, rows wrong)] for the local experts whose received rows are not the expected multiset:
+    rows that are not among the expected ones (corrupted, misrouted or extra), or missing rows; [] when all are
+    right. What a soak counts (a single check stops at the first difference: check_dispatch)."""
+    out = []
+    for j, (g, e) in enumerate(zip(got_rows, exp_rows)):
+        if g.shape[0] == 0 and e.shape[0] == 0:
+            continue
+        gk = _row_keys(g, got_scales[j] if got_scales is not None else None) if g.shape[0] else None
+        ek = _row_keys(e.to(g.device), exp_scales[j].to(g.device) if exp_scales is not None else None)
+        if gk is None or gk.shape[1] != ek.shape[1]:
+            bad = max(g.shape[0], e.shape[0])
+        else:
+            h = torch.cat([_row_hashes(gk), _row_hashes(ek)])
+            sign = torch.cat([torch.ones(len(gk), dtype=torch.int64, device=h.device),
+                              -torch.ones(len(ek), dtype=torch.int64, device=h.device)])
+            _, inv = torch.unique(h, return_inverse=True)
+            net = torch.zeros(int(inv.max()) + 1, dtype=torch.int64, device=h.device).scatter_add_(0, inv, sign)
+            bad = int(max(net.clamp(min=0).sum(), (-net).clamp(min=0).sum()))
+        if bad:
+            out.append((rank * w.local_experts + j, bad))
+    return out
+
+
+def combine_bad_tokens(out_TH: torch.Tensor, expected_TH: torch.Tensor, rel_tol: float = 1e-2) -> list[int]:
+    """The tokens whose combined row is wrong (relative L2 error above rel_tol, or not finite)."""
+    if out_TH.shape != expected_TH.shape:
+        return list(range(expected_TH.shape[0]))
+    g, e = out_TH.float(), expected_TH.to(out_TH.device).float()
+    err = (g - e).norm(dim=1) / e.norm(dim=1).clamp(min=1e-6)
+    return torch.nonzero(~(err <= rel_tol)).flatten().tolist()

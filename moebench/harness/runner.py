@@ -16,8 +16,10 @@ from ..records import dispatch as records, provenance
 from ..records.schema import PHASES
 from . import oracle, overlap, preflight, views
 from .launch import LaunchError, RankContext, environment, run_ranks
+from .soak import run_soak
 from .spec import RunSpec
-from .timing import Timer, agree_error, measure_alltoall
+from .stage import WAIVED, CheckFailed, make_backend, stage
+from .timing import Timer, measure_alltoall
 
 
 @dataclass
@@ -37,48 +39,15 @@ class RankResult:
     crash: str | None = None                        # the signal that killed a rank, or "hang"
 
 
-class CheckFailed(Exception):
-    """The backend ran but returned wrong tokens: the oracle's message."""
-
-
-WAIVED = "WAIVED: "
-
-
-def _stage(fn, group) -> str:
-    """Run fn on every rank; the first rank's error (or '') on all ranks, so that no rank goes on
-    into a collective that another rank will never join."""
-    try:
-        fn()
-        err = ""
-    except base.Unavailable as e:
-        err = WAIVED + str(e)
-    except CheckFailed as e:
-        err = str(e)
-    except Exception as e:  # noqa: BLE001 - a failing backend is a FAIL row, not a crash
-        err = f"{type(e).__name__}: {e}"
-        traceback.print_exc()
-    return agree_error(err, group)
-
-
 def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
               rank_bytes: list[float] | None = None) -> RankResult:
     """Runs on every rank: set up, check against the oracle, time every view (harness/views).
     rank_bytes: moebench's received dispatch bytes per rank, asserted against the backend's own rule."""
-    out = RankResult()
+    out = RankResult(version=base.get(name).version())
     dev, w = ctx.device, spec.workload
-    b = None
     x, idx, wt, q, s = rank_inputs(w, ctx.rank, dev)
     payload = q if q is not None else x
-
-    def prepare():
-        nonlocal b
-        cls = base.get(name)
-        out.version = cls.version()
-        b = cls(knob_values=spec.backend_knobs, ranks_per_gpu=ctx.ranks_per_gpu)
-        b.validate(w, ctx.world)
-        b.setup(ctx.group, w, dev)
-        out.knobs = b.knobs()
-
+    b, err = make_backend(spec, name, ctx)
     checked = {}
 
     def check():
@@ -92,8 +61,10 @@ def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
                 raise CheckFailed(f"byte rule: rank {ctx.rank} received {native} bytes by {name}'s own count "
                                   f"(recv_x.numel() x element size), {rank_bytes[ctx.rank]} by moebench/1")
 
-    err = _stage(prepare, ctx.group) or _stage(check, ctx.group)
+    err = err or stage(check, ctx.group)
     out.bypassed = list(b.bypassed) if b else []
+    if b is not None and not err:
+        out.knobs = b.knobs()
     if err:
         _teardown(b)
         out.status, out.error = ("WAIVED", err.removeprefix(WAIVED)) if err.startswith(WAIVED) else ("FAIL", err)
@@ -177,6 +148,13 @@ def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print, sink=
         if res is None:
             continue
         mine = records.build(spec, name, base.get(name).dedup, res, t, measured, argv, start)
+        if spec.soak and res.status == "PASS":
+            if sink is not None:       # the timed records on disk before the soak, which may crash or hang
+                sink(name, mine)
+            recs += mine
+            progress(f"# soaking {name}: {spec.soak} calls on fresh routing, each checked ...")
+            ranks, err, crash = run_soak(spec, name)
+            mine = records.build_soak(spec, name, base.get(name).dedup, ranks, err, crash, argv, provenance.utc_now())
         if sink is not None:
             sink(name, mine)
         recs += mine

@@ -153,6 +153,10 @@ class RunSpec:
     graph_calls: int = setting(GRAPH_CALLS, "--graph-calls", type=count(), default=GRAPH_CALLS, metavar="N",
                                help=f"graph view: dispatch + combine pairs captured back to back in one CUDA graph "
                                     f"(default {GRAPH_CALLS})")
+    soak: int = setting(0, "--soak", type=count(0), metavar="N",
+                        help="after the timed calls, N more calls on freshly drawn tokens and routing (and N replays "
+                             "of the graph view's graph), every one checked against the oracle: rare silent "
+                             "corruption is FAIL with the calls and rows named (harness/soak.py)")
     measure_ceiling: bool = True     # also time a plain all_to_all_single for frac_of_measured (NCCL runs)
     note: str = field(default="", compare=False)  # what placing the ranks wants said (CPU fallback, shared GPUs)
 

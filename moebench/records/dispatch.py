@@ -6,7 +6,7 @@ from ..core import ceilings, traffic
 from ..env.transport import node_net_ceiling
 from . import provenance
 from .schema import DispatchRecord
-from .shapes import Check, SharedGpu, Traffic
+from .shapes import Check, SharedGpu, Soak, Traffic, binomial_upper
 
 PAYLOAD_OF = {"dispatch": "dispatch", "combine": "combine"}  # phase -> bytes it moves
 SHARED_NOTE = ("EP ranks are processes sharing GPUs (gloo group, CUDA IPC on one device); their kernels "
@@ -54,3 +54,56 @@ def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start
             check=check.asdict(), env=prov, start_utc=start, end_utc=provenance.utc_now(),
             functional=spec.functional, shared_gpu=shared.asdict() if shared else None).asdict())
     return recs
+
+
+def soak_of(asked: int, ranks: list[dict], error: str | None, crash: str | None) -> Soak:
+    """One Soak from every rank's counts (harness/soak.py): a call is corrupted when any rank saw it wrong."""
+    done = min((r.get("done", 0) for r in ranks), default=0)
+    bad_ids = sorted({i for r in ranks for i in r.get("bad_calls", [])})
+    k = len(bad_ids)
+    graph = next((r["graph"] for r in ranks if r.get("graph")), None)
+    if k:
+        summary = f"{k} of {done} calls corrupted ({100 * k / max(done, 1):.2g}%)"
+    else:
+        summary = f"0 of {done}: < {100 * binomial_upper(0, done):.2g}% at 95%"
+    stopped = None
+    if error or any(r.get("error") for r in ranks):
+        why = error or next(r["error"] for r in ranks if r.get("error"))
+        stopped = {"call": done, "how": crash or "error", "error": why}
+    bad = sorted((b for r in ranks for b in r.get("bad", [])), key=lambda b: (b["call"], b["rank"]))
+    return Soak(calls=done, asked=asked, corrupted_calls=k, corrupted_rows=sum(r.get("rows", 0) for r in ranks),
+                corrupted_tokens=sum(r.get("tokens", 0) for r in ranks), first_bad_call=bad_ids[0] if k else None,
+                bad=bad[:20], upper_95=binomial_upper(k, done), summary=summary, graph=graph, stopped=stopped)
+
+
+def soak_verdict(s: Soak) -> tuple[str, str]:
+    """(PASS | FAIL, why): any corrupted call or replay, or a soak that did not finish, is FAIL."""
+    why = []
+    if s.corrupted_calls:
+        first = s.bad[0] if s.bad else {}
+        where = ", ".join(f"expert {e}: {n} row(s)" for e, n in first.get("rows", [])[:4])
+        toks = first.get("tokens")
+        why.append(f"soak: {s.summary}; first at call {s.first_bad_call} on rank {first.get('rank')}"
+                   + (f" ({where})" if where else "") + (f", tokens {toks}" if toks else "")
+                   + (f", {first['error']}" if first.get("error") else ""))
+    g = s.graph or {}
+    if g.get("corrupted"):
+        why.append(f"graph replays: {g['corrupted']} of {g['replays']} wrong, first {g['first'][0]}")
+    if s.stopped:
+        why.append(f"soak stopped at call {s.stopped['call']} of {s.asked} ({s.stopped['how']}): {s.stopped['error']}")
+    return ("FAIL", "; ".join(why)) if why else ("PASS", "")
+
+
+def build_soak(spec, name: str, dedup: bool, ranks: list[dict], error, crash, argv: list[str],
+               start: str) -> list[dict]:
+    """The soak's record (phase "soak"): its counts, PASS or FAIL with the calls and rows named."""
+    s = soak_of(spec.soak, ranks, error, crash)
+    status, why = soak_verdict(s)
+    shared = SharedGpu(spec.ranks_per_gpu, [], SHARED_NOTE) if spec.ranks_per_gpu > 1 else None
+    return [DispatchRecord(
+        argv=argv, repro=provenance.repro_command(argv, "moebench.dispatch"), workload=spec.workload.asdict(),
+        device=spec.device, backend={"name": name, "dedup": dedup}, phase="soak", timing=None,
+        traffic=Traffic(note="a soak checks outputs; it is not timed").asdict(),
+        check=Check(status, why or None, crash).asdict(), env=provenance.provenance(), start_utc=start,
+        end_utc=provenance.utc_now(), functional=spec.functional, shared_gpu=shared.asdict() if shared else None,
+        soak=s.asdict()).asdict()]

@@ -45,11 +45,12 @@ class DispatchRecord:
     views: dict | None = None        # {api, cached, kernel}: the timing views (views.py); {"none": why} where absent
     overlap: dict | None = None      # --overlap: the phase under a concurrent GEMM (overlap.py)
     sweep: dict | None = None        # {name, case, knobs} for a sweep's records
+    soak: dict | None = None         # --soak: shapes.Soak (phase "soak")
     byte_rule: str = BYTE_RULE
     schema: str = field(default=SCHEMA, init=False)
 
     def asdict(self) -> dict:
-        return _compact(asdict(self), ("kernels", "sweep", "views", "overlap"))
+        return _compact(asdict(self), ("kernels", "sweep", "views", "overlap", "soak"))
 
 
 @dataclass

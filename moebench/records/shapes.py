@@ -144,3 +144,48 @@ class Overlap:
 
 def field_names(cls) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))
+
+
+def binomial_upper(k: int, n: int, conf: float = 0.95) -> float:
+    """One-sided upper confidence bound of a rate seen k times in n trials (Clopper-Pearson): the p at which
+    seeing k or fewer has probability 1 - conf (k = 0: 1 - (1 - conf)^(1/n), 3/n for large n)."""
+    if n <= 0:
+        return 1.0
+    if k >= n:
+        return 1.0
+    lo, hi = k / n, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        (lo, hi) = (mid, hi) if _binom_cdf(k, n, mid) > 1 - conf else (lo, mid)
+    return hi
+
+
+def _binom_cdf(k: int, n: int, p: float) -> float:
+    import math
+    if p <= 0:
+        return 1.0
+    if p >= 1:
+        return 0.0 if k < n else 1.0
+    lp, lq = math.log(p), math.log1p(-p)
+    log_choose = lambda i: math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)  # noqa: E731
+    return min(1.0, sum(math.exp(log_choose(i) + i * lp + (n - i) * lq) for i in range(k + 1)))
+
+
+@dataclass
+class Soak:
+    """N calls, each on freshly drawn routing and tokens, every output checked against the oracle (and, where
+    the backend has a graph-safe call, N replays of its graph, each checked): the rate of silent corruption."""
+    calls: int                               # calls made (fewer than asked when the run stopped)
+    asked: int
+    corrupted_calls: int                     # calls with a wrong row or token on any rank
+    corrupted_rows: int                      # dispatched rows not the oracle's, summed over ranks and calls
+    corrupted_tokens: int                    # combined tokens off the oracle, summed over ranks and calls
+    first_bad_call: int | None
+    bad: list[dict]                          # the first bad calls: call, rank, experts and rows, tokens, error
+    upper_95: float                          # one-sided 95% upper bound of the corrupted-call rate
+    summary: str                             # "0 of 2000: < 0.15% at 95%" / "3 of 2000 (0.15%): FAIL"
+    graph: dict | None = None                # {replays, corrupted, first} or {none: why}
+    stopped: dict | None = None              # {call, how}: the call a crash or hang stopped the soak at
+
+    def asdict(self) -> dict:
+        return _compact(self, ("graph", "stopped"))

@@ -81,17 +81,30 @@ def unavailable(records: list[dict]) -> list[str]:
     return [f"# WAIVED {name}: {shorten(why, 140)}" for name, why in seen.items()]
 
 
+def soak_lines(records: list[dict]) -> list[str]:
+    """One line per soak (--soak): its counts, PASS or FAIL with why."""
+    out = []
+    for r in records:
+        s = r.get("soak")
+        if s:
+            g = s.get("graph") or {}
+            graph = f"; graph replays: {g['corrupted']} of {g['replays']} wrong" if "replays" in g else ""
+            err = f": {shorten(schema.error(r), 100)}" if schema.error(r) else ""
+            out.append(f"# soak {schema.name(r)}: {schema.status(r)} {s['summary']}{graph}{err}")
+    return out
+
+
 def format_table(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wide: bool = False) -> str:
     """The dispatch table: timed and failed rows (api and the `views` columns), each WAIVED backend on one
-    line with its reason, one legend line. wide: every figure (wirebw, long errors)."""
+    line with its reason, a line per soak, one legend line. wide: every figure (wirebw, long errors)."""
     from tabulate import tabulate
-    shown = [r for r in records if schema.status(r) != "WAIVED"]
+    shown = [r for r in records if schema.status(r) != "WAIVED" and r.get("phase") != "soak"]
     overlap = any(r.get("overlap") for r in shown)
     out = []
     if shown:
         out.append(tabulate(table_rows(shown, views, wide), headers=columns(views, wide, overlap), tablefmt="simple",
                             disable_numparse=True))
-    return "\n".join(out + unavailable(records) + [LEGEND])
+    return "\n".join(out + unavailable(records) + soak_lines(records) + [LEGEND])
 
 
 def format_best(entries: list[dict], tablefmt: str = "simple") -> str:

@@ -129,3 +129,16 @@ def test_deepep_without_nvshmem_is_named_as_unusable_for_megatron(monkeypatch):
     assert "without NVSHMEM" in why and "flex/deepep" in why
     assert judge_megatron({"HAVE_DEEP_EP": True, "deepep_build_problem": why}, {"deepep"}) == [why]
     assert judge_megatron({"HAVE_DEEP_EP": True}, {"deepep"}) == []
+
+
+def test_roundtrip_outcome_names_the_soak():
+    from moebench.checks.ep import judge_roundtrip
+    timed = {"backend": {"name": "deepep"}, "phase": "dispatch", "workload": {"num_tokens": 64, "hidden": 2048,
+             "num_experts": 16, "topk": 4, "ep": 2, "dtype": "bf16", "routing": "uniform", "seed": 0,
+             "gpus_per_node": 2}, "timing": {"us": 10.0}, "traffic": {"algbw_GBps": 5.0},
+             "check": {"status": "PASS"}}
+    soak = {**timed, "phase": "soak", "timing": None, "traffic": {},
+            "soak": {"summary": "0 of 2000: < 0.15% at 95%", "graph": {"replays": 2000, "corrupted": 0}}}
+    out = judge_roundtrip([timed, soak], "deepep", "EP 2")
+    assert out.status == "PASS" and "soak 0 of 2000: < 0.15% at 95%, graph 2000 replays right" in out.summary
+    assert [r["phase"] for r in out.details["rows"]] == ["dispatch"]        # a soak is not a bandwidth row

@@ -137,3 +137,35 @@ def _graph_view(timer: Timer, us: list[float], rank: int, mode: str, calls: int,
     r0, mx = per_rank(timer, statistics.fmean(us), rank)
     return figure(statistics.median(per_call), mx, GRAPH_AGG, per_call, rank0_mean_us=r0, calls=len(us),
                   calls_per_graph=calls, l2_flush=flushed, mode=mode)
+
+
+def soak(case: Case, replays: int, wait_s: float = 120.0) -> dict:
+    """`replays` replays of one captured dispatch + combine pair, its outputs poisoned before each and checked
+    by the oracle after (harness/soak.py): {replays, corrupted, first} or {none: why}. Every rank calls this."""
+    timer = case.timer
+    plan = case.backend.graph_plan(*case.inputs, case.d, case.y) if timer.cuda else "CPU run: no CUDA graphs"
+    if isinstance(plan, str):
+        return none(plan)
+    err = ""
+    try:
+        g, _, d_g, y_g = _capture(plan, 1, timer.lead)
+    except Exception as e:  # noqa: BLE001 - a call that cannot be captured: no graph to soak
+        err = f"capture failed: {type(e).__name__}: {str(e).strip()[:300]}"
+    if agree_error(err, timer.group):
+        return none(err)
+    bad, end = [], torch.cuda.Event()
+    for i in range(replays):
+        d_g.x_RH.view(torch.uint8).fill_(POISON)
+        y_g.view(torch.uint8).fill_(POISON)
+        timer.barrier()
+        g.replay()
+        end.record()
+        if not _done(end, wait_s):
+            return {"replays": i, "corrupted": len(bad), "first": bad[:5], "stopped": f"replay {i} hung"}
+        try:
+            wrong = case.check(d_g, y_g)
+        except Exception as e:  # noqa: BLE001 - unreadable outputs are wrong outputs
+            wrong = f"outputs unreadable: {type(e).__name__}: {e}"
+        if agree_error(wrong, timer.group):
+            bad.append({"replay": i, "error": wrong[:200]})
+    return {"replays": replays, "corrupted": len(bad), "first": bad[:5], "mode": plan.mode}

@@ -1,0 +1,126 @@
+"""Soak: rare, silent corruption that one check before timing does not see (`--soak N`).
+
+DeepEP's low-latency combine returned one wrong row in 1.5-3.3% of calls on Blackwell (deepseek-ai/DeepEP
+issues 700 and 621, a missing proxy fence) and the same class of bug hit other EP stacks: a gate that
+checks each case once passes such a build. A soak makes N calls after the timed ones, each on freshly drawn
+tokens and routing (the workload's seed advanced per call), and checks every dispatch (the multiset of rows
+per local expert, bit for bit) and every combine against the oracle, counting the wrong rows and tokens;
+where the backend has a graph-safe call, its graph is replayed N times too, each replay poisoned and
+checked. It runs in its own launch of the ranks, so a crash or hang in it ends only the soak: the record
+says at which call and how, with the counts of the calls before (each rank writes its progress to a file
+after every call).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import traceback
+
+from ..core import reference
+from ..core.workload import rank_inputs
+from . import oracle, views
+from .launch import LaunchError, RankContext, environment, run_ranks
+from .stage import make_backend
+from .timing import Timer, agree_error
+
+SEED_STRIDE = 1_000_003          # call i draws its tokens and routing from seed + SEED_STRIDE * (i + 1)
+KEEP_BAD = 20                    # bad calls kept per rank with their detail
+
+
+def one_call(b, w, rank: int, dev) -> dict | None:
+    """One dispatch + combine on fresh inputs, checked; None when right, else what was wrong."""
+    x, idx, wt, q, s = rank_inputs(w, rank, dev)
+    payload = q if q is not None else x
+    try:
+        d = b.dispatch(payload, idx, wt, s)
+        tpe = [int(c) for c in d.tokens_per_expert]
+        exp_rows, exp_scales = reference.expected_dispatch(w, rank, dev)
+        got_scales = reference.split_rows(d.scales_RS, tpe) if d.scales_RS is not None else None
+        rows = reference.dispatch_bad_rows(reference.split_rows(d.x_RH, tpe), got_scales, exp_rows, exp_scales, rank, w)
+        out = b.combine(oracle.expert_outputs(d, rank, w), d.handle)
+        tokens = reference.combine_bad_tokens(out, reference.expected_combine(payload, idx, wt, w, s))
+    except Exception as e:  # noqa: BLE001 - an output the oracle cannot even read is a wrong output
+        return {"rows": [], "tokens": [], "error": f"{type(e).__name__}: {str(e)[:200]}"}
+    if not rows and not tokens:
+        return None
+    return {"rows": rows, "tokens": tokens[:16], "n_tokens": len(tokens)}
+
+
+def _progress(path: str | None, state: dict) -> None:
+    if path:
+        tmp = path + ".part"
+        with open(tmp, "w") as f:
+            json.dump(state, f)
+        os.replace(tmp, path)
+
+
+def soak_main(ctx: RankContext, spec, name: str, progress_dir: str | None) -> dict:
+    """Every rank: the backend set up and checked once, then `spec.soak` calls on fresh inputs, then the
+    graph's replays. Returns this rank's counts: {done, bad: [...], rows, tokens, graph}."""
+    dev, w = ctx.device, spec.workload
+    path = os.path.join(progress_dir, f"rank{ctx.rank}.json") if progress_dir else None
+    state = {"rank": ctx.rank, "done": 0, "bad": [], "bad_calls": [], "rows": 0, "tokens": 0}
+    b, err = make_backend(spec, name, ctx)
+    if err:
+        return {**state, "error": err}
+    timer = Timer.for_run(spec, dev, ctx.group)
+    for i in range(spec.soak):
+        wrong = one_call(b, w.replace(seed=(w.seed + SEED_STRIDE * (i + 1)) % (2**63)), ctx.rank, dev)
+        state["done"] = i + 1
+        if wrong:
+            state["bad_calls"].append(i)
+            state["rows"] += sum(n for _, n in wrong["rows"])
+            state["tokens"] += wrong.get("n_tokens", 0)
+            if len(state["bad"]) < KEEP_BAD:
+                state["bad"].append({"call": i, "rank": ctx.rank, **wrong})
+        _progress(path, state)
+    state["graph"] = _graph(b, timer, ctx, spec)
+    b.teardown()
+    return state
+
+
+def _graph(b, timer, ctx, spec) -> dict | None:
+    """The graph view's replays, soaked (harness/views/graph.py), on the checked base case."""
+    if "graph" not in spec.views:
+        return None
+    x, idx, wt, q, s = rank_inputs(spec.workload, ctx.rank, ctx.device)
+    payload = q if q is not None else x
+    msg, d, y = oracle.check(b, spec.workload, ctx.rank, payload, idx, wt, s, ctx.device)
+    if agree_error(msg, ctx.group):
+        return {"none": f"the base case failed its check: {msg}"}
+    w = spec.workload
+    check = lambda dg, yg: (oracle.dispatch_error(dg, w, ctx.rank, ctx.device)  # noqa: E731
+                            or oracle.combine_error(yg, payload, idx, wt, w, s))
+    case = views.Case(b, timer, spec, ctx.rank, (payload, idx, wt, s), d, y, {}, check)
+    return views.REGISTRY["graph"].soak(case, spec.soak)
+
+
+def run_soak(spec, name: str) -> tuple[list[dict], str | None, str | None]:
+    """The soak's launch: (every rank's counts, the error that stopped it or None, the crash: a signal or
+    "hang"). After a crash or hang the counts are the ranks' last progress files."""
+    progress = tempfile.mkdtemp(prefix="moebench-soak-")
+    t0 = time.monotonic()
+    try:
+        with environment(spec.env):
+            ranks = run_ranks(soak_main, spec.workload.ep, spec.device, spec.timeout_s, args=(spec, name, progress),
+                              ranks_per_gpu=spec.ranks_per_gpu)
+        return ranks, None, None
+    except LaunchError as e:
+        return _read_progress(progress), f"{str(e).splitlines()[0][:400]} ({time.monotonic() - t0:.0f} s in)", e.crash
+    except Exception as e:  # noqa: BLE001 - reported as the soak's failure
+        traceback.print_exc()
+        return _read_progress(progress), f"{type(e).__name__}: {e}", None
+
+
+def _read_progress(folder: str) -> list[dict]:
+    out = []
+    for n in sorted(os.listdir(folder)):
+        if n.endswith(".json"):
+            try:
+                with open(os.path.join(folder, n)) as f:
+                    out.append(json.load(f))
+            except (OSError, ValueError):
+                continue
+    return out
