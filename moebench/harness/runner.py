@@ -14,7 +14,7 @@ from ..core import traffic
 from ..core.workload import WorkloadError, make_routing, rank_inputs
 from ..records import dispatch as records, provenance
 from ..records.schema import PHASES
-from . import oracle, overlap, preflight, views
+from . import memory, oracle, overlap, preflight, views
 from .launch import LaunchError, RankContext, environment, run_ranks
 from .soak import run_soak
 from .spec import RunSpec
@@ -37,6 +37,7 @@ class RankResult:
     bypassed: list = field(default_factory=list)    # checks skipped for shared-GPU ranks
     native_bytes: dict | None = None                # the backend's own byte count beside moebench/1's
     crash: str | None = None                        # the signal that killed a rank, or "hang"
+    memory: list = field(default_factory=list)      # every rank's memory figures (harness/memory.py)
 
 
 def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
@@ -47,7 +48,10 @@ def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
     dev, w = ctx.device, spec.workload
     x, idx, wt, q, s = rank_inputs(w, ctx.rank, dev)
     payload = q if q is not None else x
+    meter = memory.Meter(dev)
+    meter.before()
     b, err = make_backend(spec, name, ctx)
+    meter.after_setup()
     checked = {}
 
     def check():
@@ -71,7 +75,9 @@ def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
         return out
     timer = Timer.for_run(spec, dev, ctx.group)
     case = _case(b, timer, ctx, spec, (payload, idx, wt, s), checked["d"], checked["y"])
+    meter.timed()
     out.views = views.run_all(case, spec.views)
+    out.memory = memory.gather(meter.result(ctx.rank), ctx.group)
     out.phases, out.kernels = case.timing, {p: r[:views.KERNEL_ROWS] for p, r in case.rows.items()}
     if spec.overlap:
         out.overlap = _overlap(case, ctx)

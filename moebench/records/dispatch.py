@@ -6,7 +6,7 @@ from ..core import ceilings, traffic
 from ..env.transport import node_net_ceiling
 from . import provenance
 from .schema import DispatchRecord
-from .shapes import Check, SharedGpu, Soak, Traffic, binomial_upper
+from .shapes import Check, Memory, SharedGpu, Soak, Traffic, binomial_upper
 
 PAYLOAD_OF = {"dispatch": "dispatch", "combine": "combine"}  # phase -> bytes it moves
 SHARED_NOTE = ("EP ranks are processes sharing GPUs (gloo group, CUDA IPC on one device); their kernels "
@@ -42,6 +42,7 @@ def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start
     gpu = prov.get("gpu") if not spec.functional else None     # no ceiling fraction for functional runs
     phases = res.phases or {"dispatch": None, "combine": None}
     shared = SharedGpu(spec.ranks_per_gpu, res.bypassed or [], SHARED_NOTE) if spec.ranks_per_gpu > 1 else None
+    mem = Memory.of(res.memory, shared is not None)
     recs = []
     for phase, timing in phases.items():
         check = Check(res.status, res.error or None, res.crash,
@@ -52,7 +53,8 @@ def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start
             phase=phase, timing=timing, traffic=phase_traffic(spec, phase, dedup, t, timing, measured, gpu).asdict(),
             kernels=res.kernels.get(phase), views=res.views.get(phase), overlap=res.overlap.get(phase),
             check=check.asdict(), env=prov, start_utc=start, end_utc=provenance.utc_now(),
-            functional=spec.functional, shared_gpu=shared.asdict() if shared else None).asdict())
+            functional=spec.functional, shared_gpu=shared.asdict() if shared else None,
+            memory=mem.asdict() if mem else None).asdict())
     return recs
 
 

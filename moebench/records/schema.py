@@ -46,11 +46,12 @@ class DispatchRecord:
     overlap: dict | None = None      # --overlap: the phase under a concurrent GEMM (overlap.py)
     sweep: dict | None = None        # {name, case, knobs} for a sweep's records
     soak: dict | None = None         # --soak: shapes.Soak (phase "soak")
+    memory: dict | None = None       # shapes.Memory: buffers, torch peaks, footprint per rank and max
     byte_rule: str = BYTE_RULE
     schema: str = field(default=SCHEMA, init=False)
 
     def asdict(self) -> dict:
-        return _compact(asdict(self), ("kernels", "sweep", "views", "overlap", "soak"))
+        return _compact(asdict(self), ("kernels", "sweep", "views", "overlap", "soak", "memory"))
 
 
 @dataclass
@@ -186,6 +187,11 @@ def view_us(r: dict, view: str) -> float | None:
         return median_us(r)
     v = (r.get("views") or {}).get(view) or {}
     return next((v[k] for k in ("median_us", "us", "mean_us") if v.get(k) is not None), None)
+
+
+def footprint_bytes(r: dict) -> int | None:
+    """The backend's footprint at this shape, the largest over ranks (shapes.Memory); None where not measured."""
+    return ((r.get("memory") or {}).get("max") or {}).get("footprint_bytes")
 
 
 def timed(r: dict) -> bool:

@@ -189,3 +189,37 @@ class Soak:
 
     def asdict(self) -> dict:
         return _compact(self, ("graph", "stopped"))
+
+
+MEMORY_KEYS = ("buffers_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "footprint_bytes")
+
+
+@dataclass
+class Memory:
+    """What the backend holds per rank at this shape (harness/memory.py says how each figure is read):
+    buffers outside torch (driver after setup minus before, less torch's own growth), torch's peaks during
+    the timed phases, footprint = buffers + peak reserved; `max` over ranks. On CPU: `none` with why, and
+    host RSS per rank."""
+    per_rank: list[dict]
+    max: dict | None = None                  # MEMORY_KEYS -> the largest over ranks
+    source: str | None = None                # nvml (this process) | device (the whole GPU: other ranks too)
+    none: str | None = None                  # why there is no device figure
+    note: str | None = None
+
+    @classmethod
+    def of(cls, per_rank: list[dict], shared: bool) -> Memory | None:
+        if not per_rank:
+            return None
+        whys = [r["none"] for r in per_rank if r.get("none")]
+        if whys:
+            return cls(per_rank, none=whys[0])
+        sources = sorted({r["source"] for r in per_rank})
+        note = None
+        if shared:
+            note = "ranks share GPUs: per-rank figures of a functional run"
+            if "device" in sources:
+                note += "; the device-wide reading also counts the other ranks' setup on that GPU"
+        return cls(per_rank, {k: max(r[k] for r in per_rank) for k in MEMORY_KEYS}, "+".join(sources), note=note)
+
+    def asdict(self) -> dict:
+        return _compact(self, ("max", "source", "none", "note"))

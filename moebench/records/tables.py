@@ -35,8 +35,8 @@ def shorten(text: str, width: int) -> str:
 
 
 DEFAULT_VIEWS = ("api", "graph")    # the view columns a table shows without --wide
-LEGEND = ("# us: median, slowest rank; algbw/busbw: received (token, rank) pairs x bytes / api time, all / remote; "
-          "frac ceil: busbw / link; README.md: the table")
+LEGEND = ("# us: median, slowest rank; algbw/busbw: received (token, rank) pairs x bytes / api us, all/remote; "
+          "frac ceil: busbw/link; mem: footprint; README.md: the table")
 
 
 def columns(views: tuple[str, ...], wide: bool, overlap: bool) -> list[str]:
@@ -44,7 +44,7 @@ def columns(views: tuple[str, ...], wide: bool, overlap: bool) -> list[str]:
     head = ["backend", "phase", "api us", "p90 us", *(f"{v} us" for v in views if v != "api")]
     if "graph" in views:
         head.append("api-graph us")
-    head += ["algbw GB/s", "busbw GB/s", *(["wirebw GB/s"] if wide else []), "frac ceil"]
+    head += ["algbw GB/s", "busbw GB/s", *(["wirebw GB/s"] if wide else []), "frac ceil", "mem GiB"]
     return head + (["exposed us", "GEMM alone us", "GEMM slowdown"] if overlap else []) + ["check"]
 
 
@@ -55,7 +55,7 @@ def table_rows(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wide
     rows = []
     for r in records:
         t, tr = schema.timing(r), schema.traffic(r)
-        err = shorten(schema.error(r), 60 if not wide else 90)       # the whole error is in the JSONL
+        err = shorten(schema.error(r), 90) if wide else ""     # else a line below the table; all of it in the JSONL
         check = schema.status(r) + (f" ({err})" if err else "")
         if t and schema.is_functional(r):      # CPU/gloo or shared-GPU ranks: the times are no measurement
             check += " [functional]"
@@ -64,7 +64,7 @@ def table_rows(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wide
         if "graph" in views:
             row.append(sig3(t.get("api_minus_graph_us")))
         row += [sig3(tr.get("algbw_GBps")), sig3(tr.get("busbw_GBps")),
-                *([sig3(tr.get("wirebw_GBps"))] if wide else []), sig3(tr.get("frac_of_ceiling"))]
+                *([sig3(tr.get("wirebw_GBps"))] if wide else []), sig3(tr.get("frac_of_ceiling")), gib(r)]
         if overlap:
             o = r.get("overlap") or {}
             row += [sig3(o.get("exposed_us")), sig3(o.get("gemm_alone_us")), sig3(o.get("gemm_slowdown"))]
@@ -72,13 +72,30 @@ def table_rows(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wide
     return rows
 
 
-def unavailable(records: list[dict]) -> list[str]:
-    """One line per backend that did not run (WAIVED), with the reason."""
+def gib(r: dict) -> str:
+    """The record's footprint in GiB for a table cell ('-' where not measured, e.g. CPU runs)."""
+    b = schema.footprint_bytes(r)
+    return sig3(b / 2**30) if b is not None else "-"
+
+
+def failures(records: list[dict]) -> list[str]:
+    """One line per backend that FAILed, with why (the table's check cell says FAIL)."""
     seen = {}
     for r in records:
+        if schema.status(r) == "FAIL" and r.get("phase") != "soak":
+            seen.setdefault(schema.name(r), schema.error(r) or "FAIL")
+    return [f"# FAIL {name}: {shorten(why, 140)}" for name, why in seen.items()]
+
+
+def unavailable(records: list[dict]) -> list[str]:
+    """One line per reason a backend did not run (WAIVED), naming the backends it holds for."""
+    by_why: dict[str, list[str]] = {}
+    for r in records:
         if schema.status(r) == "WAIVED":
-            seen.setdefault(schema.name(r), schema.error(r))
-    return [f"# WAIVED {name}: {shorten(why, 140)}" for name, why in seen.items()]
+            names = by_why.setdefault(schema.error(r), [])
+            if schema.name(r) not in names:
+                names.append(schema.name(r))
+    return [f"# WAIVED {', '.join(names)}: {shorten(why, 150 - len(', '.join(names)))}" for why, names in by_why.items()]
 
 
 def soak_lines(records: list[dict]) -> list[str]:
@@ -104,7 +121,7 @@ def format_table(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wi
     if shown:
         out.append(tabulate(table_rows(shown, views, wide), headers=columns(views, wide, overlap), tablefmt="simple",
                             disable_numparse=True))
-    return "\n".join(out + unavailable(records) + soak_lines(records) + [LEGEND])
+    return "\n".join(out + ([] if wide else failures(records)) + unavailable(records) + soak_lines(records) + [LEGEND])
 
 
 def format_best(entries: list[dict], tablefmt: str = "simple") -> str:

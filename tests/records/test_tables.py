@@ -37,11 +37,14 @@ def waived():
 
 
 def test_dispatch_table_has_one_legend_line_and_waived_backends_on_one_line_each():
-    text = tables.format_table([rec(), waived(), {**waived(), "phase": "combine"}])
+    fail = {**rec(), "backend": {"name": "deepep"}, "check": {"status": "FAIL", "error": WAIVE}}
+    text = tables.format_table([rec(), fail, {**fail, "phase": "combine"}, waived(), {**waived(), "phase": "combine"}])
     lines = text.splitlines()
-    assert [ln for ln in lines if ln.startswith("# WAIVED")] == [f"# WAIVED hybridep: {tables.shorten(WAIVE, 140)}"]
+    assert [ln for ln in lines if ln.startswith("# WAIVED")] == [f"# WAIVED hybridep: {tables.shorten(WAIVE, 142)}"]
+    assert [ln for ln in lines if ln.startswith("# FAIL")] == [f"# FAIL deepep: {tables.shorten(WAIVE, 140)}"]
     assert not any(ln.startswith("hybridep") for ln in lines)          # no rows of dashes for what did not run
-    legend = [ln for ln in lines if ln.startswith("#") and not ln.startswith("# WAIVED")]
+    assert [ln.split()[-2:] for ln in lines if ln.startswith("deepep")] == [["FAIL", "[functional]"]] * 2
+    legend = [ln for ln in lines if ln.startswith("#") and not ln.startswith(("# WAIVED", "# FAIL"))]
     assert len(legend) == 1 and max(len(ln) for ln in lines) <= 160     # one legend line; everything fits 160
     for word in ("algbw", "busbw", "frac ceil", "README.md"):
         assert word in legend[0], word
@@ -50,8 +53,9 @@ def test_dispatch_table_has_one_legend_line_and_waived_backends_on_one_line_each
 def test_reasons_are_cut_at_a_word_and_the_record_keeps_the_whole():
     words = set(WAIVE.replace("(", " ").replace(")", " ").split())
     r = {**waived(), "check": {"status": "FAIL", "error": WAIVE}}
-    check = tables.table_rows([r])[0][-1]
+    check = tables.table_rows([r], wide=True)[0][-1]
     shown = check.split("(", 1)[1].rsplit("...)", 1)[0]
+    assert tables.table_rows([r])[0][-1] == "FAIL"         # the default table: why on a line below
     assert len(shown) < len(WAIVE) and shown.split()[-1].strip("(,;:") in words, shown
     assert WAIVE.startswith(shown) and r["check"]["error"] == WAIVE
     cell = report._row(r)[-1]
