@@ -8,3 +8,13 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 t0=$(date +%s); step() { echo "### $1 ($(( $(date +%s) - t0 )) s)"; }
+# The NVSHMEM DeepEP build (bench/megatron_lm_h200.sh build + pack) on PYTHONPATH: unpacked from the
+# carried .ext/deepep-pack pieces unless this machine still has it.
+DEEPEP_BUILD=$PWD/.ext/deepep-builds/nvshmem+syslink
+use_deepep_build() {
+  if [ ! -d "$DEEPEP_BUILD" ]; then
+    step "unpack the carried DeepEP build"
+    mkdir -p "$(dirname "$DEEPEP_BUILD")" && cat .ext/deepep-pack/deepep-nvshmem.tar.xz.* | tar -xJ -C "$(dirname "$DEEPEP_BUILD")"
+  fi
+  export PYTHONPATH="$PYTHONPATH:$DEEPEP_BUILD"
+}

@@ -33,10 +33,9 @@ pack)
   step "pack the build for a later call"
   tar -C "$B" -I 'xz -T0 -3' -cf /tmp/b.tar.xz "$YES" && ls -la /tmp/b.tar.xz && split -b 15M /tmp/b.tar.xz "$OUT/deepep-nvshmem.tar.xz." ;;
 unpack)
-  if [ -d "$B/$YES" ]; then echo "# $B/$YES is still here (warm machine)"
-  else step "unpack the carried build"; mkdir -p "$B" && cat .ext/deepep-pack/deepep-nvshmem.tar.xz.* | tar -xJ -C "$B"; fi ;;
+  use_deepep_build ;;
 shared)
-  export PYTHONPATH="$PYTHONPATH:$B/$YES"
+  use_deepep_build
   step "megatron validate: dsv3-small, EP 2, 2 ranks on one GPU, alltoall vs hybridep and deepep, 2 repeats"
   timeout 580 $V --dispatcher hybridep,deepep --ep 2 --ranks-per-gpu 2 --preset dsv3-small --repeats 2 \
     --iters ${ITERS:-30} --timeout 200 --out "$OUT/megatron-lm-shared-gpu-h200.jsonl" 2>&1 | grep -v -i "warn"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU tier + benchmark of moebench.ops in one device call:
-#   JIT-build moebench._C, run tests/test_ops*.py -m gpu, then python -m moebench.permute
+#   JIT-build moebench._C, run tests/ops/test_ops_gpu.py -m gpu, then python -m moebench.permute
 #   writing $OUT/permute-h200.jsonl + .png, an fp8 pass, and the moebench/csrc/probes/fanout_bw access-
-#   pattern probe ($OUT/fanout-h200.jsonl). Carry .whl (megatron-core wheel) for the baseline.
+#   pattern probe ($OUT/fanout-h200.jsonl). Carry .whl (megatron-core wheel) for the baseline, and
+#   .ext/te-src (TransformerEngine's transformer_engine/{common,pytorch}/triton/permutation.py and
+#   build_tools/VERSION.txt) for the `te` anchor where the image has no Transformer Engine.
 # Usage (device): bash bench/permute_gpu.sh [extra args for moebench.permute]
 #   env: SKIP_TESTS=1 skips the GPU tier, SKIP_FANOUT=1 the fanout_bw probe; FP8_IMPLS the fp8 pass's
 #   --ops-impl (default megatron,triton,cuda)
@@ -10,6 +12,7 @@ set -uo pipefail
 OUT="${OUT:-out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export MOEBENCH_EXT_DIR="${MOEBENCH_EXT_DIR:-/tmp/moebench-ext}"
+if [[ -d .ext/te-src ]]; then export MOEBENCH_TE_SOURCE="${MOEBENCH_TE_SOURCE:-$PWD/.ext/te-src}"; fi
 if ls .whl/megatron_core-*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/megatron_core-*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
@@ -19,12 +22,12 @@ t0=$(date +%s)
 python3 -c "import moebench.ops as o; print('impl_status', o.impl_status())" 2>&1 | tail -3
 echo "# build: $(( $(date +%s) - t0 )) s"
 if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
-  timeout 300 python3 -m pytest -q -m gpu tests/test_ops_gpu.py -x -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu-tests.log"
+  timeout 300 python3 -m pytest -q -m gpu tests/ops/test_ops_gpu.py -x -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu-tests.log"
 fi
 echo "# tests done: $(( $(date +%s) - t0 )) s"
-python3 -m moebench.permute --out "$OUT/permute-h200.jsonl" --plot "$OUT/permute-h200.png" "$@" 2>&1 \
+timeout "${PERMUTE_TIMEOUT:-400}" python3 -m moebench.permute --out "$OUT/permute-h200.jsonl" --plot "$OUT/permute-h200.png" "$@" 2>&1 \
   | tee "$OUT/permute-h200.txt"
-python3 -m moebench.permute --dtype fp8 --ops permute --shapes 4096x7168x8x256,16384x7168x8x256 \
+timeout 200 python3 -m moebench.permute --dtype fp8 --ops permute --shapes 4096x7168x8x256,16384x7168x8x256 \
   --ops-impl "${FP8_IMPLS:-megatron,triton,cuda}" --iters 30 --out "$OUT/permute-h200-fp8.jsonl" 2>&1 | tee "$OUT/permute-h200-fp8.txt"
 NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 if [[ "${SKIP_FANOUT:-0}" != 1 ]] && "$NVCC" -O3 -arch=sm_90a -std=c++17 moebench/csrc/probes/fanout_bw.cu -o /tmp/fanout_bw; then
@@ -32,10 +35,10 @@ if [[ "${SKIP_FANOUT:-0}" != 1 ]] && "$NVCC" -O3 -arch=sm_90a -std=c++17 moebenc
            "--rows 8192 --row-bytes 8192" "--rows 4096 --row-bytes 14336 --fanout 2"; do
     /tmp/fanout_bw --fanout 8 --iters 20 $a | python3 -c "
 import json, sys
-from moebench import results
+from moebench.records import provenance
 for line in sys.stdin:
     print(json.dumps(dict(json.loads(line), tool='moebench/csrc/probes/fanout_bw', command='fanout_bw --fanout 8 --iters 20 $a',
-                          env=results.provenance())))"
+                          env=provenance.provenance())))"
   done | tee "$OUT/fanout-h200.jsonl"
 fi
 echo "# all done: $(( $(date +%s) - t0 )) s"

@@ -24,6 +24,7 @@ import warnings
 import torch
 
 import moebench.ops as ops
+from moebench.ops import te_source
 from moebench import cli
 from moebench.core.workload import Workload, WorkloadError, rank_inputs
 from moebench.harness.timing import Timer, host_us, kernel_profile, write_trace
@@ -160,15 +161,19 @@ def op_fns(impl, case, ref, E):
                 return "megatron permute order differs from the torch reference"
             return _close(unperm(), ref["unperm"])
         return {"permute": perm, "unpermute": unperm}, check
-    if name == "te":
-        import transformer_engine.pytorch as te
-        rm, probs = case["routing_map"], case["probs"]
-        row_id_map = te.moe_permute(x, rm.int(), num_out_tokens=n_out, map_type="mask")[1]
-        perm = lambda: te.moe_permute(x, rm.int(), num_out_tokens=n_out, map_type="mask")  # noqa: E731
-        unperm = lambda: te.moe_unpermute(y, row_id_map, merging_probs=probs,  # noqa: E731
-                                          restore_shape=(x.shape[0], y.shape[1]), map_type="mask")
+    if name == "te":   # TE's mask-map kernels as moe_permute / moe_unpermute run them (ops/te_source.py)
+        tp = te_source.load()[0]
+        rm, probs = case["routing_map"].int(), case["probs"].float()    # cast once, outside TE's timed calls
+        T, H = x.shape
+        sh = s.shape[1] if s is not None else 0
+        perm = lambda: tp.permute_with_mask_map(x, tp.make_row_id_map(rm, T, E), None, s, None, T, E,  # noqa: E731
+                                                n_out, H, sh)
+        row_id_map = tp.make_row_id_map(rm, T, E)
+        unperm = lambda: tp.unpermute_with_mask_map(y, row_id_map, probs, None, None, T, E, y.shape[1])[0]  # noqa: E731
 
         def check():
+            if not torch.equal(perm()[0].view(torch.uint8), ref["perm"].x_RH.view(torch.uint8)):
+                return "TE permute rows differ from the torch reference"
             return _close(unperm(), ref["unperm"])
         return {"permute": perm, "unpermute": unperm}, check
     raise UsageError(f"unknown impl {name}")
@@ -186,7 +191,9 @@ def available(name) -> tuple[bool, str]:
     if name in ops.IMPLS:
         return ops.impl_status()[name]
     try:
-        _megatron() if name == "megatron" else __import__("transformer_engine.pytorch")
+        if name == "te" and not torch.cuda.is_available():
+            return False, "Transformer Engine's permute kernels allocate on CUDA: no GPU here"
+        _megatron() if name == "megatron" else te_source.load()
         return True, ""
     except Exception as e:  # noqa: BLE001 - missing or broken optional package -> WAIVED
         return False, f"{type(e).__name__}: {e}"
@@ -250,16 +257,20 @@ def run_shape(shape, a, timer, copy_GBps, device, prov, cmd, where=""):
                     write_trace(timer, fn, os.path.join(a.trace, f"{spec}-{op}-{T}x{H}x{K}x{E}.json"))
             rec["end_utc"] = provenance.utc_now()
             recs.append(rec)
-    for r in recs:  # speedup over megatron, same shape and op (its permute for permute_wait)
+    for r in recs:  # speedup over the anchors, same shape and op (their permute for permute_wait)
         mop = "permute" if r["op"].startswith("permute") else r["op"]
-        m = next((q for q in recs if q["impl"] == "megatron" and q["op"] == mop and "timing" in q), None)
-        if m and "timing" in r:
-            r["speedup_vs_megatron"] = round(m["timing"]["median_us"] / r["timing"]["median_us"], 2)
+        for anchor in ("megatron", "te"):
+            m = next((q for q in recs if q["impl"] == anchor and q["op"] == mop and "timing" in q), None)
+            if m and "timing" in r:
+                r[f"speedup_vs_{anchor}"] = round(m["timing"]["median_us"] / r["timing"]["median_us"], 2)
+        if r["impl"] == "te" and "timing" in r:
+            r["source"] = te_source.load()[1]
     return [PermuteRecord(**r).asdict() for r in recs]
 
 
 def format_table(recs) -> str:
-    head = ["shape TxHxKxE", "op", "impl", "us", "GB/s", "frac", "x mcore", "check"]
+    te = any("speedup_vs_te" in r for r in recs)
+    head = ["shape TxHxKxE", "op", "impl", "us", "GB/s", "frac", "x mcore", *(["x te"] if te else []), "check"]
     rows = []
     for r in recs:
         s = r["shape"]
@@ -268,6 +279,7 @@ def format_table(recs) -> str:
                      tables.sig3(t['median_us']) if t else "-", tables.sig3(r['GBps']) if t else "-",
                      tables.sig3(r['frac_of_copy']) if t else "-",
                      f"{r['speedup_vs_megatron']:.2f}" if "speedup_vs_megatron" in r else "-",
+                     *([f"{r['speedup_vs_te']:.2f}" if "speedup_vs_te" in r else "-"] if te else []),
                      r["check"]["status"] + (f" ({r['check']['error'][:60]})" if r["check"]["error"] else "")])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     line = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731

@@ -71,6 +71,8 @@ class PermuteRecord:
     GBps: float | None = None
     frac_of_copy: float | None = None
     speedup_vs_megatron: float | None = None
+    speedup_vs_te: float | None = None       # over Transformer Engine's fused permute (ops/te_source.py)
+    source: str | None = None                # where an anchor came from (te: installed, or from its sources)
     kernels: list | None = None
     host_us: float | None = None
     tool: str = "moebench.permute"
@@ -78,7 +80,7 @@ class PermuteRecord:
 
     def asdict(self) -> dict:
         return _compact(asdict(self), ("timing", "bytes", "GBps", "frac_of_copy", "speedup_vs_megatron",
-                                       "kernels", "host_us", "end_utc"))
+                                       "speedup_vs_te", "source", "kernels", "host_us", "end_utc"))
 
 
 # ---- reading -------------------------------------------------------------------------------------

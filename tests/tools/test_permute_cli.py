@@ -81,3 +81,35 @@ def test_no_transformer_engine_warnings_from_megatron_import():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Transformer Engine and Apex are not installed" not in r.stderr
+
+
+TE_COMMON = "import triton\n\ndef _permute_kernel():\n    return 'kernel'\n"
+TE_TORCH = ("from transformer_engine.common.triton.permutation import _permute_kernel\n\n"
+            "def permute_with_mask_map(*args):\n    return _permute_kernel()\n")
+
+
+def test_te_anchor_loads_from_sources_and_leaves_no_stand_in_package(tmp_path, monkeypatch):
+    import sys
+
+    from moebench.ops import te_source
+    for rel, text in ((te_source.FILES["transformer_engine.common.triton.permutation"], TE_COMMON),
+                      (te_source.FILES["transformer_engine.pytorch.triton.permutation"], TE_TORCH),
+                      ("build_tools/VERSION.txt", "9.9.0\n")):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    module, where = te_source._from_source(str(tmp_path))
+    assert module.permute_with_mask_map() == "kernel" and where == "TransformerEngine 9.9.0 from source"
+    assert not any(n == "transformer_engine" or n.startswith("transformer_engine.") for n in sys.modules)
+    with pytest.raises(ImportError, match="is no TransformerEngine checkout: .*pytorch/triton/permutation.py"):
+        (tmp_path / te_source.FILES["transformer_engine.pytorch.triton.permutation"]).unlink()
+        te_source._from_source(str(tmp_path))
+    with pytest.raises(ImportError, match="set MOEBENCH_TE_SOURCE"):
+        te_source._from_source(None)
+
+
+def test_te_without_a_gpu_is_waived_with_why(tmp_path):
+    out = tmp_path / "p.jsonl"
+    assert permute.main(["--ops-impl", "torch,te", "--shapes", "16x32x2x4", "--iters", "1", "--out", str(out)]) == 0
+    te = [json.loads(line) for line in out.read_text().splitlines() if '"impl": "te"' in line]
+    assert te and {r["check"]["status"] for r in te} == {"WAIVED"}
+    assert all("CUDA" in r["check"]["error"] or "transformer_engine" in r["check"]["error"] for r in te)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# moebench.dispatch on the one-GPU H200: memory rows, soaks, and the GPU test tier's time. Carry
+# .ext/deepep-pack (the NVSHMEM DeepEP build that bench/megatron_lm_h200.sh packs) and .whl (megatron-core).
+# Steps, in the order given:
+#   ep1     alltoall and mcore-alltoall at EP 1 (T 4096, H 7168, K 8, E 256, bf16): times and memory columns
+#   shared  deepep, deepep-ll and hybridep at EP 2 with 2 ranks sharing the GPU (T 64, H 2048, K 4, E 16),
+#           each soaked with $SOAK (default 2000) calls on fresh routing: memory rows and soak records
+#           (functional: shared-GPU times are no performance figures)
+#   gputier pytest -m gpu over tests/ with the DeepEP build on the path, timed (goal: under 5 minutes)
+# Usage on the device: MOEBENCH_GIT_SHA=<sha> bash bench/dispatch_h200.sh ep1 shared gputier
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"; exec > >(tee -a "$OUT/dispatch-h200.txt") 2>&1
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+source bench/device_env.sh
+D="python3 -m moebench.dispatch --device cuda"
+nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
+for s in "$@"; do case $s in
+ep1)
+  step "alltoall and mcore-alltoall, EP 1, T 4096 H 7168 K 8 E 256: times and memory"
+  timeout 300 $D --ep 1 --backend alltoall,mcore-alltoall --num-tokens 4096 --hidden 7168 --num-experts 256 \
+    --topk 8 --iters 30 --out "$OUT/dispatch-memory-ep1-h200.jsonl" ;;
+shared)
+  use_deepep_build
+  step "deepep, deepep-ll, hybridep: EP 2 on one GPU, memory rows and soaks of ${SOAK:-2000} calls"
+  timeout 560 $D --ep 2 --ranks-per-gpu 2 --backend deepep,deepep-ll,hybridep --num-tokens 64 --hidden 2048 \
+    --num-experts 16 --topk 4 --iters 20 --soak "${SOAK:-2000}" --timeout 240 \
+    --out "$OUT/dispatch-shared-soak-h200.jsonl" ;;
+gputier)
+  use_deepep_build
+  step "pytest -m gpu tests (DeepEP on the path)"
+  timeout "${TIER_TIMEOUT:-330}" python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=15 2>&1 \
+    | tail -40 | tee "$OUT/gpu-tier.log"
+  echo "gpu tier rc=${PIPESTATUS[0]}" ;;
+*) echo "unknown step $s" ;;
+esac; done
+step done
