@@ -8,7 +8,8 @@ per local expert, bit for bit) and every combine against the oracle, counting th
 where the backend has a graph-safe call, its graph is replayed N times too, each replay poisoned and
 checked. It runs in its own launch of the ranks, so a crash or hang in it ends only the soak: the record
 says at which call and how, with the counts of the calls before (each rank writes its progress to a file
-after every call).
+after every call). --timeout is the whole soak's budget: a soak still advancing when it runs out is
+stopped as `timeout` with its rate, one whose calls stopped is a `hang`.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from .timing import Timer, agree_error
 
 SEED_STRIDE = 1_000_003          # call i draws its tokens and routing from seed + SEED_STRIDE * (i + 1)
 KEEP_BAD = 20                    # bad calls kept per rank with their detail
+STALL_S = 30.0                   # no call finished for this long when the time ran out: a hang
 
 
 def one_call(b, w, rank: int, dev) -> dict | None:
@@ -108,10 +110,25 @@ def run_soak(spec, name: str) -> tuple[list[dict], str | None, str | None]:
                               ranks_per_gpu=spec.ranks_per_gpu)
         return ranks, None, None
     except LaunchError as e:
-        return _read_progress(progress), f"{str(e).splitlines()[0][:400]} ({time.monotonic() - t0:.0f} s in)", e.crash
+        ranks, crash = _read_progress(progress), e.crash
+        why = f"{str(e).splitlines()[0][:400]} ({time.monotonic() - t0:.0f} s in)"
+        if crash == "hang" and _advancing(progress, STALL_S):
+            done = min((r.get("done", 0) for r in ranks), default=0)
+            crash, why = "timeout", (f"{done} calls in {time.monotonic() - t0:.0f} s, still advancing when --timeout "
+                                     f"{spec.timeout_s:.0f} s (the whole soak's budget) ran out: raise it")
+        return ranks, why, crash
     except Exception as e:  # noqa: BLE001 - reported as the soak's failure
         traceback.print_exc()
         return _read_progress(progress), f"{type(e).__name__}: {e}", None
+
+
+def _advancing(folder: str, within_s: float) -> bool:
+    """A rank wrote progress in the last `within_s` seconds: a slow soak, not a hang."""
+    now = time.time()
+    try:
+        return any(now - os.path.getmtime(os.path.join(folder, n)) < within_s for n in os.listdir(folder))
+    except OSError:
+        return False
 
 
 def _read_progress(folder: str) -> list[dict]:

@@ -72,3 +72,14 @@ def test_a_crash_mid_soak_is_fail_with_the_call_and_signal_and_keeps_the_timed_r
     assert s["stopped"]["how"] == "SIGSEGV" and 0 < s["calls"] < 100 and s["asked"] == 100
     assert recs[-1]["check"]["crash"] == "SIGSEGV" and "soak stopped at call" in recs[-1]["check"]["error"]
     assert "# soak test-crash-late: FAIL" in p.stdout
+
+
+def test_a_soak_still_advancing_is_a_timeout_not_a_hang(tmp_path):
+    import time
+
+    from moebench.harness import soak
+    (tmp_path / "rank0.json").write_text('{"done": 5}')
+    assert soak._advancing(str(tmp_path), 30.0)
+    old = time.time() - 60
+    os.utime(tmp_path / "rank0.json", (old, old))
+    assert not soak._advancing(str(tmp_path), 30.0)
