@@ -8,10 +8,11 @@
 //                 expert; the last block to finish scans the expert totals (expert starts padded
 //                 to `pad`): tokens per expert and the row count, also written to mapped pinned
 //                 host memory so the host can learn R while the copy runs.
-//   permute_rows: (default; sm_90+, 16-byte rows; csrc/permute_rows.cuh) one-warp CTAs each
-//                 bulk-load C whole rows into shared memory, then bulk-store the C x K rows; by
-//                 default with the rank/scan work fused in (one cooperative launch, no route_*
-//                 kernels); writes row_map (and, when asked, each row's routing weight).
+//   permute_rows: (sm_90+, 16-byte rows; csrc/permute_rows.cuh) one-warp CTAs each bulk-load C
+//                 whole rows into shared memory, then bulk-store the C x K rows; after route_rank
+//                 and route_scan (variant 16384, Python's default: faster on the H200) or with the
+//                 rank/scan work fused in (variant 0: one cooperative launch, no route_* kernels);
+//                 writes row_map (and, when asked, each row's routing weight).
 //   permute_bulk: (variant bit 13, the previous default) lane 0 of a one-warp block bulk-loads a
 //                 row chunk into one of 3 buffers and bulk-stores it to its K rows.
 //   permute_copy: (fallback, or variant bit 4) one warp per token reads its row once (16-byte

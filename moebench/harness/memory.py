@@ -6,7 +6,8 @@ caching allocator, so torch's counters miss them. Per rank:
   between: the memory the backend holds outside torch. The driver reading is this process's bytes on
   the GPU (NVML), or where NVML cannot see the process the whole device's bytes in use
   (cudaMemGetInfo), which on a GPU shared by several ranks also counts the other ranks' setup;
-- torch's peak allocated and reserved during the timed phases (inputs, outputs and workspaces);
+- torch's peak allocated and reserved while the api view times the phases (the calls as a training step
+  makes them: inputs, outputs, workspaces; the other views' graph pools and profiler are not the backend's);
 - footprint = buffers + peak reserved.
 On CPU there is no device memory: host RSS (this rank's setup delta and its peak) with the reason.
 """
@@ -36,13 +37,14 @@ def _peak_rss_bytes() -> int:
 
 class Meter:
     """One rank's readings: `before()` ahead of the backend's setup, `after_setup()`, `timed()` ahead of the
-    timed phases, then `result()`."""
+    timed phases, `api_done()` after the api view, then `result()`."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.cuda = device.type == "cuda"
         self.index = device.index if device.index is not None else 0
         self.start = self.setup = None
+        self.peaks = None
 
     def _read(self) -> dict:
         if not self.cuda:
@@ -60,6 +62,11 @@ class Meter:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
 
+    def api_done(self) -> None:
+        if self.cuda:
+            self.peaks = (int(torch.cuda.max_memory_allocated(self.device)),
+                          int(torch.cuda.max_memory_reserved(self.device)))
+
     def result(self, rank: int) -> dict:
         """This rank's figures (bytes); {rank, none: why} where a reading is missing."""
         if self.start is None or self.setup is None:
@@ -76,8 +83,9 @@ class Meter:
             return {"rank": rank, "none": "neither NVML nor cudaMemGetInfo could be read"}
         torch_setup = self.setup.get("reserved_bytes", 0) - self.start.get("reserved_bytes", 0)
         buffers = max(0, self.setup[key] - self.start[key] - torch_setup)
-        peak_alloc = int(torch.cuda.max_memory_allocated(self.device))
-        peak_res = int(torch.cuda.max_memory_reserved(self.device))
+        if self.peaks is None:
+            self.api_done()
+        peak_alloc, peak_res = self.peaks
         return {"rank": rank, "buffers_bytes": buffers, "peak_allocated_bytes": peak_alloc,
                 "peak_reserved_bytes": peak_res, "footprint_bytes": buffers + peak_res, "source": source}
 

@@ -76,7 +76,7 @@ def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
     timer = Timer.for_run(spec, dev, ctx.group)
     case = _case(b, timer, ctx, spec, (payload, idx, wt, s), checked["d"], checked["y"])
     meter.timed()
-    out.views = views.run_all(case, spec.views)
+    out.views = views.run_all(case, spec.views, after_api=meter.api_done)
     out.memory = memory.gather(meter.result(ctx.rank), ctx.group)
     out.phases, out.kernels = case.timing, {p: r[:views.KERNEL_ROWS] for p, r in case.rows.items()}
     if spec.overlap:

@@ -3,7 +3,9 @@
 impl ``cuda@V`` or ``cuda@V:C`` (moebench.ops): V is the kernel's variant bits
 (csrc/moe_permute.h), C the rows kernel's rows per CTA (1-16; absent or 0: auto, as many rows as
 112 KB hold, the standalone probe's best: 8 rows of 14 KB, 2 CTAs per SM). The default copy is the
-rows kernel (csrc/permute_rows.cuh), with the index work fused in where it can be.
+rows kernel (csrc/permute_rows.cuh) after the separate index kernels (16384): on the H200 it beat the
+rows kernel with the index work fused in behind a grid barrier (variant 0) on all four benchmark shapes,
+140 vs 147 us at T 4096, H 7168 (bench/results/permute-README.md).
 
 Why here, apart from cuda_impl: a variant is refused with its reason when the impl string is
 parsed (``parse``), on any machine, before anything launches; whether C rows of a given shape fit
@@ -47,7 +49,7 @@ class CudaVariant(NamedTuple):
         return not self.bits & OTHER_COPY
 
 
-DEFAULT = CudaVariant(0)
+DEFAULT = CudaVariant(UNFUSED)
 
 
 @functools.lru_cache(maxsize=128)

@@ -197,8 +197,8 @@ MEMORY_KEYS = ("buffers_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "
 @dataclass
 class Memory:
     """What the backend holds per rank at this shape (harness/memory.py says how each figure is read):
-    buffers outside torch (driver after setup minus before, less torch's own growth), torch's peaks during
-    the timed phases, footprint = buffers + peak reserved; `max` over ranks. On CPU: `none` with why, and
+    buffers outside torch (driver after setup minus before, less torch's own growth), torch's peaks while
+    the api view times the phases, footprint = buffers + peak reserved; `max` over ranks. On CPU: `none` with why, and
     host RSS per rank."""
     per_rank: list[dict]
     max: dict | None = None                  # MEMORY_KEYS -> the largest over ranks

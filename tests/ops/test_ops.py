@@ -424,7 +424,7 @@ def test_variants_are_part_of_the_impl_string():
 def test_cuda_variant_parse():
     """cuda@V[:C]: variant bits, rows per CTA of the rows kernel; malformed ones refused with the reason."""
     from moebench.ops import cuda_variant as cv
-    assert cv.parse("") == cv.DEFAULT and cv.DEFAULT.rows_kernel and cv.DEFAULT.code == 0
+    assert cv.parse("") == cv.DEFAULT and cv.DEFAULT.rows_kernel and cv.DEFAULT.code == cv.UNFUSED
     assert cv.parse("8192") == cv.CudaVariant(8192, 0) and not cv.parse("8192").rows_kernel
     assert cv.parse("0:8").code == 8 << 16 and cv.parse("16385:15").code == 16385 | 15 << 16
     assert cv.parse("16") .bits == 16 and cv.parse("1:0").rows == 0

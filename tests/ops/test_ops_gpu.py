@@ -87,8 +87,8 @@ def test_fp8_scales_padding(impl, pad):
 
 
 # csrc variants (csrc/moe_permute.h, ops/cuda_variant.py): 0 the rows kernel with the index work fused
-# in, auto rows per CTA; V:C with C rows per CTA (1, 4, 8, 15, 16); 1 without L2 hints; 16384 the rows
-# kernel after the index kernels; 8192 the one-row bulk kernel, the previous default (+1 no hints,
+# in, auto rows per CTA; V:C with C rows per CTA (1, 4, 8, 15, 16); 1 without L2 hints; 16384 (the
+# default) the rows kernel after the index kernels; 8192 the one-row bulk kernel, the previous default (+1 no hints,
 # +32/+96 two/four buffers, +128 4 KB chunks); 16 the per-warp register copy; 256 the
 # destination-order gather (+512 plain stores, +1024/2048/3072 tiles of 128/2048/8192 tokens).
 # Triton: copy_tma 1 and 0, copy_cs 1; the index-kernel knobs and pdl 0 / 1; copy_rows 2 / 4 / 8.
@@ -151,8 +151,8 @@ def _kernel_names(fn) -> str:
 
 
 @pytest.mark.parametrize("variant,want,absent", [
-    ("", "permute_rows_kernel<true", "route_rank_kernel"),              # default: one fused launch
-    ("16384", "permute_rows_kernel<false", "permute_bulk_kernel"),      # after the index kernels
+    ("", "permute_rows_kernel<false", "permute_bulk_kernel"),           # default: after the index kernels
+    ("0", "permute_rows_kernel<true", "route_rank_kernel"),             # the index work fused in: one launch
     ("8192", "permute_bulk_kernel", "permute_rows_kernel")])            # the previous default
 def test_cuda_rows_kernel_is_the_default(variant, want, absent):
     """Which copy runs at the benchmark shape (profiler kernel names)."""

@@ -71,13 +71,16 @@ SAMPLED = tuple(n for n, m in REGISTRY.items() if m.SAMPLED)
 LEGEND = "; ".join(f"{n}: {m.ABOUT}" for n, m in REGISTRY.items())
 
 
-def run_all(case: Case, asked: tuple[str, ...]) -> dict:
-    """{phase: {view: result}} for every view, in ORDER; a view not asked for is {"none": why}."""
+def run_all(case: Case, asked: tuple[str, ...], after_api=None) -> dict:
+    """{phase: {view: result}} for every view, in ORDER; a view not asked for is {"none": why}.
+    after_api(): called once the api view (the calls as a training step makes them) is done."""
     out: dict[str, dict] = {}
     for name, mod in REGISTRY.items():
         res = mod.run(case) if name in asked or name == "api" else {p: none(NOT_ASKED.format(name)) for p in PHASES}
         for phase, v in res.items():
             out.setdefault(phase, {})[name] = v
+        if name == "api" and after_api:
+            after_api()
     return out
 
 
