@@ -183,7 +183,8 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, scales_TS: Tens
     row = _HOST_COUNTS.take(dev) if host_counts else None
     host_ptr = row.host.data_ptr() + 4 * row.offset if row else 0
     rb = x.shape[1] * x.element_size()
-    code = _permute_code(variant or VARIANT_PERMUTE, rb, K, E, x.data_ptr() % 16 == 0, dev)
+    variant = variant or VARIANT_PERMUTE or (cuda_variant.FP8_DEFAULT if s is not None else "")
+    code = _permute_code(variant, rb, K, E, x.data_ptr() % 16 == 0, dev)
     R = _C.permute(x.data_ptr(), rb,
                    s.data_ptr() if s is not None else 0,
                    s.shape[1] * s.element_size() if s is not None else 0,

@@ -478,7 +478,7 @@ def test_cuda_rows_per_cta_falls_back_with_a_note(monkeypatch):
         assert cuda_impl._permute_code("0:8", 14336, 8, 256, True, dev) == 8 << 16
         assert cuda_impl._permute_code("16384:15", 14336, 8, 256, True, dev) == 16384 | 15 << 16
         assert cuda_impl._permute_code("8192", 2002, 8, 256, False, dev) == 8192
-        assert cuda_impl._permute_code("", 14336, 8, 256, True, dev) == 0
+        assert cuda_impl._permute_code("", 14336, 8, 256, True, dev) == 16384  # default: after the index kernels
     for args, why, code in ((("16384:16", 16384, 8, 256, True), "shared memory", 16384),
                             (("1:4", 2002, 8, 256, True), "multiple of 16", 1),
                             (("0:4", 14336, 8, 256, False), "aligned", 0)):
