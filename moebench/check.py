@@ -18,7 +18,7 @@ from . import checks, cli
 from .checks import baseline, output
 from .checks.registry import FAIL, REGISTRY, Context, SelectionError
 from .harness.spec import add_shape_args
-from .records import provenance
+from .records import provenance, tables
 
 
 def parser() -> argparse.ArgumentParser:
@@ -44,6 +44,7 @@ def parser() -> argparse.ArgumentParser:
                    help="after each round trip, N more calls on fresh routing (and N graph replays), each checked "
                         "against the oracle: a build that corrupts a few percent of calls FAILs (default 0: off)")
     p.add_argument("--timeout", type=cli.number(0, strict=True), default=300.0, help="seconds per contained probe")
+    p.add_argument("--wide", action="store_true", help="whole summaries on the terminal (default: cut to fit 160 columns)")
     p.add_argument("--sysfs-root", default="/sys", help=argparse.SUPPRESS)     # fake trees in tests
     p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
     return p
@@ -64,8 +65,12 @@ def _validate(args) -> None:
                                      "JSONL or a moebench.check --out report with rows): nothing to gate against")
 
 
-def _line(r) -> str:
-    return f"{r.status:<7} {r.key:<22} {r.seconds:7.1f}s  {r.summary}"
+WIDTH = 160    # the terminal lines fit it unless --wide; --out and --junit keep every summary whole
+
+
+def _line(r, wide: bool = False) -> str:
+    head = f"{r.status:<7} {r.key:<22} {r.seconds:7.1f}s  "
+    return head + (r.summary if wide else tables.shorten(r.summary, WIDTH - len(head)))
 
 
 @cli.tool
@@ -74,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.list:
         for c in REGISTRY.values():
-            print(f"{c.key:<20} {c.description}")
+            text = f"{c.key:<20} {c.description}"
+            print(text if args.wide else tables.shorten(text, WIDTH))
         return 0
     try:
         _validate(args)
@@ -84,9 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     start = provenance.utc_now()
     print(f"# moebench.check: {len(chosen)} check(s)")
-    res = checks.run(chosen, Context(args), progress=lambda r: print(_line(r), flush=True))
+    res = checks.run(chosen, Context(args), progress=lambda r: print(_line(r, args.wide), flush=True))
     c = output.counts(res)
-    print(f"# {c['PASS']} PASS, {c['FAIL']} FAIL, {c['WAIVED']} WAIVED")
+    cut = not args.wide and any(len(_line(r, True)) > WIDTH for r in res)
+    print(f"# {c['PASS']} PASS, {c['FAIL']} FAIL, {c['WAIVED']} WAIVED"
+          + ("; reasons cut at a word: --wide or --out FILE has them whole" if cut else ""))
     if args.out:
         output.write_json(args.out, output.to_json(res, argv, start, provenance.utc_now()))
     if args.junit:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import cli
 from ..core.megatron_map import CONTROL
-from ..records import provenance, schema, writer
+from ..records import provenance, schema, tables, writer
 from ..records.megatron import ARM_SCHEMA, arm_problem
 from . import lm_arm, lm_log, lm_plan, lm_rank
 from .lm_args import LmError, dispatcher_diff, flag_value
@@ -56,8 +56,11 @@ def header(plan, args) -> list[str]:
         env = " ".join(f"{k}={v}" for k, v in arm.env.items() if ctl.env.get(k) != v)
         out.append(f"# {arm.dispatcher} differs from the control only in: {' '.join(only_arm)}"
                    f"{' ; env ' + env if env else ''} (control: {' '.join(only_ctl)})")
-    out += [f"# {a.role} {a.dispatcher}: {' '.join(a.megatron_argv)}" for a in plan.arms]
-    return out
+    if getattr(args, "wide", False):
+        out += [f"# {a.role} {a.dispatcher}: {' '.join(a.megatron_argv)}" for a in plan.arms]
+    else:
+        out.append("# each arm's whole command line: its record's `argv`, or --wide")
+    return tables.fit(out)
 
 
 def progress(tag: str, iters: int):
@@ -165,7 +168,7 @@ def verdict_line(v) -> str:
                 parts.append(f"{what} {a / GIB:.2f} -> {b / GIB:.2f} GiB ({(b - a) / GIB:+.2f})")
         if parts:
             lines.append(f"#   memory rank {m['rank']}: " + ", ".join(parts))
-    return "\n".join(lines)
+    return "\n".join(tables.fit(lines))
 
 
 def cmd_arm(args) -> int:

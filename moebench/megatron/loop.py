@@ -14,8 +14,8 @@ from ..records import provenance, writer
 from ..records.megatron import LoopRecord
 from .flags import FlagsError
 
-CPU_PACE = ("on CPU the default model takes about 10 s a step with 2 ranks on 2 cores (50 steps: ~8 min, each of the "
-            "two runs); --iters 10 --hidden 256 --heads 4 --ffn-hidden 512 --seq-length 256 --vocab 4096 takes ~3 s")
+CPU_PACE = ("on CPU the default model takes ~10 s a step with 2 ranks on 2 cores (50 steps: ~8 min per run);\n"
+            "# --iters 10 --hidden 256 --heads 4 --ffn-hidden 512 --seq-length 256 --vocab 4096 takes ~3 s")
 MODEL_OPTIONS = ("num_layers", "hidden", "heads", "ffn_hidden", "num_experts", "topk", "seq_length", "micro_batch",
                  "vocab", "lr", "aux_loss_coeff")
 TABLE = ("run", "dispatcher", "ran (class / manager)", "step ms", "TFLOP/s/GPU", "loss first->last win",

@@ -22,6 +22,19 @@ def sig3(v) -> str:
     return f"{v:#.3g}".rstrip(".") if "e" not in f"{v:#.3g}" else f"{v:.3g}"
 
 
+def fit(lines: list[str], width: int = 160) -> list[str]:
+    """Note lines ('# ...') longer than WIDTH wrapped at words onto '#   ' lines, so a tool's output fits a
+    terminal; other lines as they are."""
+    import textwrap
+    out = []
+    for line in lines:
+        if len(line) <= width or not line.startswith("#"):
+            out.append(line)
+        else:
+            out += textwrap.wrap(line, width, subsequent_indent="#   ", break_long_words=False, break_on_hyphens=False)
+    return out
+
+
 def shorten(text: str, width: int) -> str:
     """TEXT cut to at most WIDTH characters at a word boundary, ending in '...' when cut (a single
     word longer than half the width is cut inside); the records keep the whole text."""

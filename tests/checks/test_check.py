@@ -58,6 +58,18 @@ def test_json_and_junit_round_trip(fake_checks, tmp_path):
     assert cases["a.pass"].find("failure") is None and cases["a.pass"].find("skipped") is None
 
 
+def test_terminal_lines_fit_160_columns_and_the_json_keeps_the_whole(fake_checks, tmp_path, capsys):
+    long = "a reason " * 40
+    fake_checks["a.waive"] = registry.Check("a.waive", "d", lambda c: Outcome(WAIVED, long))
+    j = tmp_path / "r.json"
+    check.main(["--out", str(j)])
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 160 and "--wide" in lines[-1]
+    assert next(r for r in json.loads(j.read_text())["results"] if r["key"] == "a.waive")["summary"] == long
+    check.main(["--wide"])
+    assert any(line.endswith(long) for line in capsys.readouterr().out.splitlines())
+
+
 def test_exit_zero_without_fail(fake_checks):
     assert check.main(["-p", "a."]) == 0
     assert check.main(["-t", "b"]) == 1

@@ -50,6 +50,14 @@ def test_dispatch_table_has_one_legend_line_and_waived_backends_on_one_line_each
         assert word in legend[0], word
 
 
+def test_long_note_lines_wrap_at_words_and_table_lines_stay():
+    note = "# " + " ".join(f"--flag-{i} value" for i in range(30))
+    row = "x" * 200
+    out = tables.fit([note, row, "# short"])
+    assert out[-2:] == [row, "# short"] and all(len(ln) <= 160 for ln in out[:-2])
+    assert out[1].startswith("#   ") and " ".join(ln.removeprefix("#   ") for ln in out[:-2]) == note
+
+
 def test_reasons_are_cut_at_a_word_and_the_record_keeps_the_whole():
     words = set(WAIVE.replace("(", " ").replace(")", " ").split())
     r = {**waived(), "check": {"status": "FAIL", "error": WAIVE}}
