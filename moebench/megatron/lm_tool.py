@@ -56,11 +56,8 @@ def header(plan, args) -> list[str]:
         env = " ".join(f"{k}={v}" for k, v in arm.env.items() if ctl.env.get(k) != v)
         out.append(f"# {arm.dispatcher} differs from the control only in: {' '.join(only_arm)}"
                    f"{' ; env ' + env if env else ''} (control: {' '.join(only_ctl)})")
-    if getattr(args, "wide", False):
-        out += [f"# {a.role} {a.dispatcher}: {' '.join(a.megatron_argv)}" for a in plan.arms]
-    else:
-        out.append("# each arm's whole command line: its record's `argv`, or --wide")
-    return tables.fit(out)
+    out += [f"# {a.role} {a.dispatcher}: {' '.join(a.megatron_argv)}" for a in plan.arms]
+    return tables.fit(out)          # each arm's whole command, wrapped at its flags
 
 
 def progress(tag: str, iters: int):

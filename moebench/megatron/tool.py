@@ -109,7 +109,6 @@ def _validate_parser(sub) -> None:
                         "tolerance (default 0.02)")
     v.add_argument("--timeout", type=cli.number(0, strict=True), default=1800.0, help="seconds per launch (default 1800)")
     v.add_argument("--log-dir", help="each launch's full log (default: OUT's name + -logs/)")
-    v.add_argument("--wide", action="store_true", help="print each arm's whole Megatron-LM command line too")
     v.add_argument("--quick", action="store_true", help="the built-in megatron-core loop even where Megatron-LM is at hand")
     v.add_argument("--no-control", action="store_true", help="quick loop: skip the alltoall control run")
     for name, kind, what in LOOP_MODEL:

@@ -307,7 +307,7 @@ def test_validate_against_the_stand_in_gives_a_verdict(tmp_path):
     [v] = [r for r in recs if r["schema"] == "moebench.megatron.verdict/1"]
     assert v["verdict"] == "SWITCH" and v["functional"] and v["loss"]["match"]
     assert "deepep differs from the control only in: --moe-token-dispatcher-type flex" in p.stdout
-    assert max(map(len, p.stdout.splitlines())) <= 160 and "its record's `argv`, or --wide" in p.stdout
+    assert max(map(len, p.stdout.splitlines())) <= 160 and "# candidate deepep: " in p.stdout
 
 
 @needs_mcore
