@@ -17,6 +17,7 @@ import sys
 from . import checks, cli
 from .checks import baseline, output
 from .checks.registry import FAIL, REGISTRY, Context, SelectionError
+from .env import launcher
 from .harness.spec import add_shape_args
 from .records import provenance
 
@@ -50,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _validate(args) -> None:
-    bad_out = cli.first_output_problem([(args.out, "--out"), (args.junit, "--junit")])
+    bad_out = cli.first_output_problem([(args.out, "--out"), (args.junit, "--junit")]) or launcher.problem()
     if bad_out:
         raise SelectionError(bad_out)
     for f in [args.baseline, *(args.results or [])]:

@@ -21,6 +21,7 @@ import sys
 
 from .. import cli
 from ..core.megatron_map import BACKENDS, CONTROL
+from ..env import launcher
 from ..env.toolkit import dist_version
 from ..harness.views import SAMPLED as SAMPLED_VIEWS
 from ..records.schema import FUNCTIONAL_NOTE, performance_only, read_dispatch
@@ -203,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     try:
+        bad_launch = launcher.problem() if args.cmd in ("validate", "arm") else ""     # they start ranks
+        if bad_launch:
+            raise LmError(bad_launch)
         if args.cmd == "flags":
             return cmd_flags(args)
         if args.cmd == "validate":
