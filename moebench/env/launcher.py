@@ -65,7 +65,7 @@ def _torchrun(e: dict) -> tuple[int, int, int]:
     local_world = _int(e, "LOCAL_WORLD_SIZE", 1, None, hint) if "LOCAL_WORLD_SIZE" in e else world
     local = _int(e, "LOCAL_RANK", 0, local_world, hint, f"{'LOCAL_' if 'LOCAL_WORLD_SIZE' in e else ''}WORLD_SIZE="
                  f"{local_world}") if "LOCAL_RANK" in e else 0
-    _master(e, f"RANK={rank} WORLD_SIZE={world} make this a rank of a launched job", _unset(given))
+    _master(e, f"RANK={rank} WORLD_SIZE={world} make this a rank of a launched job", hint)
     return rank, world, local
 
 
