@@ -17,6 +17,7 @@ import torch
 
 from conftest import FAKES, ROOT, alive, children_of, wait_for
 from moebench import cli
+from moebench.env.toolkit import installed
 from moebench.records import writer
 
 TINY = ["--device", "cpu", "--ep", "2", "--num-tokens", "8", "--hidden", "64", "--num-experts", "8", "--topk", "2",
@@ -175,6 +176,9 @@ def test_sizes_past_memory_in_the_other_tools(capsys):
     refused_here(permute.main(["--ops-impl", "torch", "--shapes", f"{HUGE}x128x4x8"]), capsys, "GiB", "lower T")
     refused_here(check.main(["--num-tokens", HUGE]), capsys, "host memory")
     refused_here(megatron.main(["validate", "--dispatcher", "alltoall", "--timeout", "1e300"]), capsys, "--timeout")
+    if installed("megatron.core"):                   # the quick loop's model, counted before its ranks start
+        refused_here(megatron.main(["validate", "--dispatcher", "alltoall", "--device", "cpu", "--hidden", "1048576",
+                                    "--heads", "1", "--out", os.devnull]), capsys, "quick loop's model", "--hidden")
     refused(*tools(["moebench.plan", "--ep", "8", "--num-experts", HUGE]), "routing scores", "--num-experts")
 
 
