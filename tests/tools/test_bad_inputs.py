@@ -237,8 +237,9 @@ def test_ctrl_c_during_start_up_is_one_line_130_and_no_orphan(tmp_path, after_s)
 
 
 # ---------------------------------------------------------------- nonsense accepted silently
-def test_nonsense_is_refused_naming_the_problem(tmp_path, capsys):
+def test_nonsense_is_refused_naming_the_problem(tmp_path, capsys, monkeypatch):
     from moebench import check, dispatch, megatron, permute
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)      # Triton on CPU only with its interpreter
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     out = str(tmp_path / "r.jsonl")
