@@ -17,6 +17,8 @@ import sys
 from . import checks, cli
 from .checks import baseline, output
 from .checks.registry import FAIL, REGISTRY, Context, SelectionError
+from .core.workload import not_a_file
+from .env import launcher
 from .harness.spec import add_shape_args
 from .records import provenance, tables
 
@@ -43,19 +45,34 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--soak", type=cli.count(0), default=0, metavar="N",
                    help="after each round trip, N more calls on fresh routing (and N graph replays), each checked "
                         "against the oracle: a build that corrupts a few percent of calls FAILs (default 0: off)")
-    p.add_argument("--timeout", type=cli.number(0, strict=True), default=300.0, help="seconds per contained probe")
+    p.add_argument("--timeout", type=cli.seconds, default=300.0, help="seconds per contained probe")
     p.add_argument("--wide", action="store_true", help="whole summaries on the terminal (default: cut to fit 160 columns)")
     p.add_argument("--sysfs-root", default="/sys", help=argparse.SUPPRESS)     # fake trees in tests
     p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
     return p
 
 
+def _size_problem(args) -> str:
+    """The round trips' shape past this machine's memory (preflight), before any probe starts: '' or why."""
+    from .core.workload import Workload, WorkloadError
+    from .harness import preflight
+    from .harness.placement import for_roundtrip, visible_gpus
+    try:
+        w = Workload(num_tokens=max(args.num_tokens, args.ll_num_tokens), hidden=args.hidden,
+                     num_experts=args.num_experts, topk=args.topk, ep=1)
+    except WorkloadError as e:
+        return str(e)
+    return preflight.inputs_problem(w, for_roundtrip(visible_gpus()).ranks)
+
+
 def _validate(args) -> None:
-    bad_out = cli.first_output_problem([(args.out, "--out"), (args.junit, "--junit")])
-    if bad_out:
+    bad_out = cli.first_output_problem([(args.out, "--out"), (args.junit, "--junit")]) or launcher.problem()
+    if bad_out or (bad_out := _size_problem(args)):
         raise SelectionError(bad_out)
     for f in [args.baseline, *(args.results or [])]:
         if f:
+            if not_a_file(f):                # a FIFO would hang the read: say what it is instead
+                raise SelectionError(f"{'--baseline' if f == args.baseline else '--results'} {f}: {not_a_file(f)}")
             try:
                 rows = baseline.read_rows(f)
             except (OSError, ValueError) as e:
@@ -88,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     except SelectionError as e:
         print(f"moebench.check: error: {e}", file=sys.stderr)
         return 2
+    cli.text_to_stderr(args.out, args.junit)
     start = provenance.utc_now()
     print(f"# moebench.check: {len(chosen)} check(s)")
     res = checks.run(chosen, Context(args), progress=lambda r: print(_line(r, args.wide), flush=True))

@@ -3,14 +3,15 @@
 - Bad input is one line on stderr and exit 2: `Parser` (an argparse parser whose errors are one
   line) and the argument types below, which range-check every value as it is parsed.
 - Output paths are checked before any work (`output_problem`): an empty path, a directory, a path
-  under a file or an unwritable place is refused; missing folders are made, by the check and by
-  every writer alike.
-- Interrupts: SIGINT and SIGTERM end the tool with one line on stderr and exit 130 / 143 (128 +
-  the signal), never a traceback; rank processes die on the same signals without printing
-  (harness/launch.py), and what a tool has finished (records written as each backend ends) stays.
+  under a file, an unwritable place, a FIFO or a full device is refused; missing folders are made, by
+  the check and by every writer alike; two flags naming one file are refused.
+- Interrupts: SIGINT and SIGTERM end the tool with one line on stderr and exit 130 / 143 (128 + the
+  signal), never a traceback, also while it still imports (`interrupts_at_start`); rank processes die
+  on the same signals without printing (harness/launch.py), and what a tool finished stays.
 - A closed stdout (`... | head -1`) never aborts the work: output to the closed pipe is dropped,
   records are still written, and the tool exits quietly with 141, the status of a process ended by
-  SIGPIPE (the usual convention for a writer whose reader went away).
+  SIGPIPE. A stdout closed (`>&-`) or unwritable (`>/dev/full`) at the start is bad usage (exit 2);
+  one that fails later drops the rest of the output, not the work (one line, exit 1).
 """
 from __future__ import annotations
 
@@ -27,6 +28,13 @@ from pathlib import Path
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE     # 141
 SEED_MAX = 2**63 - 1                         # torch.Generator.manual_seed takes int64
+MAX_WAIT_S = 1e9       # ~31 years: every clock a wait goes through holds it (Python's in int64 ns: ~292 years)
+TOOLS = ("moebench", "moebench.dispatch", "moebench.permute", "moebench.check", "moebench.report", "moebench.plan",
+         "moebench.megatron")
+
+
+class OutputError(Exception):
+    """An output that could not be written after the run started (a full disk): one line, exit 1."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -46,12 +54,33 @@ def _on_sigterm(signum, frame):
     raise Interrupted(signum)
 
 
+def _started(signum, frame):
+    """A stop signal while a tool is still importing: nothing ran, nothing to keep, no ranks yet."""
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    prog = getattr(main, "name", "moebench").removesuffix(".__main__")
+    os.write(2, f"{prog}: interrupted by {signal.Signals(signum).name} while starting; nothing ran\n".encode())
+    os._exit(128 + signum)
+
+
+def interrupts_at_start() -> None:
+    """When `python -m` starts one of the TOOLS: SIGINT and SIGTERM end it with one line until cli.run takes
+    over (not a traceback from inside torch's import). A SIGINT ignored by the shell (`tool &`) stays so."""
+    argv = getattr(sys, "orig_argv", [])
+    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
+    if module not in TOOLS:
+        return
+    for s in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(s) not in (signal.SIG_IGN, None):
+            signal.signal(s, _started)
+
+
 class _Stdout:
     """stdout that survives its reader going away: on EPIPE the rest of the output goes to /dev/null
-    (the file descriptor too, so child processes started later inherit /dev/null) and `broken` is set."""
+    (the file descriptor too, so child processes started later inherit /dev/null) and `broken` is set;
+    any other failure (a full disk) does the same and keeps its reason in `failed`."""
 
     def __init__(self, stream):
-        self._s, self.broken = stream, False
+        self._s, self.broken, self.failed = stream, False, ""
 
     def _drop(self):
         self.broken = True
@@ -70,7 +99,7 @@ class _Stdout:
             op(*args)
         except OSError as e:
             if not (isinstance(e, BrokenPipeError) or e.errno == errno.EPIPE):
-                raise
+                self.failed = e.strerror or type(e).__name__
             self._drop()
 
     def write(self, text):
@@ -84,10 +113,31 @@ class _Stdout:
         return getattr(self._s, name)
 
 
+def stdout_problem() -> str:
+    """'' when stdout can be written (or its reader already left: 141 at the end); else one line."""
+    if sys.stdout is None:
+        return "stdout is closed (>&-): give it somewhere to go (>/dev/null drops it; records still go to files)"
+    try:
+        os.write(sys.stdout.fileno(), b"")       # writes nothing, fails as a write would: /dev/full, a bad fd
+    except OSError as e:
+        if e.errno != errno.EPIPE:
+            return f"stdout cannot be written ({e.strerror}): send it somewhere that takes it (>/dev/null drops it)"
+    except (AttributeError, ValueError):         # a stream without a descriptor (a test's capture)
+        pass
+    return ""
+
+
 def run(main, prog: str, argv: list[str] | None = None) -> int:
     """main(argv) with the edges above: SIGTERM raised like SIGINT, one line and 130 / 143 on an
-    interrupt, 141 (quietly) when stdout was closed under it."""
+    interrupt, 141 (quietly) when stdout was closed under it, 2 when it is unusable from the start, one
+    line and 1 when it or an output file failed later."""
+    if signal.getsignal(signal.SIGINT) is _started:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    bad = stdout_problem()
+    if bad:
+        print(f"{prog}: error: {bad}", file=sys.stderr)
+        return EXIT_USAGE
     out = sys.stdout = _Stdout(sys.stdout)
     try:
         rc = main(argv)
@@ -97,7 +147,14 @@ def run(main, prog: str, argv: list[str] | None = None) -> int:
         print(f"{prog}: interrupted by {signal.Signals(signum).name}" + (f"; {detail}" if detail else ""),
               file=sys.stderr)
         return 128 + signum
+    except OutputError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
     out.flush()
+    if out.failed:
+        print(f"{prog}: error: stdout failed ({out.failed}): the output after that was dropped, not the work",
+              file=sys.stderr)
+        return rc or 1
     return EXIT_BROKEN_PIPE if out.broken else rc
 
 
@@ -152,6 +209,14 @@ def number(low: float = 0.0, strict: bool = False, high: float | None = None):
     return parse
 
 
+def seconds(text: str) -> float:
+    """argparse type of a timeout: seconds > 0 that every clock a wait goes through can hold (MAX_WAIT_S)."""
+    if number(0, strict=True)(text) > MAX_WAIT_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_WAIT_S:g} s (~31 years: longer no clock here holds), "
+                                         f"got {text}")
+    return float(text)
+
+
 def seed(text: str) -> int:
     """argparse type: a seed torch takes (0 <= seed <= 2^63 - 1)."""
     try:
@@ -163,43 +228,115 @@ def seed(text: str) -> int:
     return v
 
 
+def real_path(path: str | os.PathLike) -> Path:
+    """Where to write PATH: a symlink whose target does not exist yet is that target (kept a link), else PATH."""
+    return Path(os.path.realpath(path)) if os.path.islink(path) and not os.path.exists(path) else Path(path)
+
+
+def _held_open(st: os.stat_result, fds=(1, 2)) -> bool:
+    """True when this process's stdout or stderr is that file (a shell's `| jq` pipe as /dev/stdout)."""
+    def ident(fd):
+        try:
+            return os.fstat(fd)[1:3]
+        except OSError:
+            return None
+    return st[1:3] in [ident(fd) for fd in fds]
+
+
+def text_to_stderr(*paths) -> None:
+    """When an output is this process's stdout and no terminal (`--out /dev/stdout | jq`), the tables and notes
+    go to stderr, so that the pipe carries the records alone."""
+    try:
+        if isinstance(sys.stdout, _Stdout) and not os.isatty(1) and any(p and _held_open(os.stat(p), (1,))
+                                                                         for p in paths):
+            sys.stdout._s = sys.stderr
+    except OSError:
+        pass
+
+
+def _special_problem(p: Path, st: os.stat_result) -> str:
+    """A target that is no regular file: a FIFO unless it is our own stdout or stderr (below), a socket, a block
+    device, or a device that refuses a write (/dev/full)."""
+    import stat
+    if stat.S_ISFIFO(st.st_mode) and not _held_open(st):
+        return ("is a FIFO: records are appended by reopening the output as each result ends, which its reader takes "
+                "for the end (none yet: a hang); write to a file and `tail -f` it, or to /dev/stdout")
+    if stat.S_ISSOCK(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        return f"is a {'socket' if stat.S_ISSOCK(st.st_mode) else 'block device'}, not a file"
+    fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+    try:
+        os.write(fd, b"")                     # nothing written; fails as a write would (ENOSPC on /dev/full)
+    finally:
+        os.close(fd)
+    return ""
+
+
+def _file_problem(p: Path) -> str:
+    """Append a write of nothing to a regular file (made if missing, then removed again); a full file system."""
+    existed = p.exists()
+    fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, b"")
+        fs = os.fstatvfs(fd)
+    finally:
+        os.close(fd)
+        if not existed:
+            p.unlink()
+    if (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail) == 0:
+        return "no space left on its device"
+    return ""
+
+
 def output_problem(path: str | None, flag: str, folder: bool = False) -> str:
-    """'' when the tool can write PATH (a file, or with `folder` a directory) at the end of its run,
-    made with its missing parent folders; else one line naming the flag. Checked before any work, so
-    a bad path never costs a run's results. Nothing in an existing file is changed."""
+    """'' when the tool can write PATH (a file, or with `folder` a directory) at the end of its run, made
+    with its missing parent folders; else one line naming the flag. Checked before any work, so a bad path
+    never costs a run's results. Nothing in an existing file is changed; a symlink is kept and its target
+    checked. Devices that take writes (/dev/null, /dev/stdout) are outputs too."""
     if path is None:
         return ""
     if not path.strip():
         return f"{flag}: empty path"
-    p = Path(path)
+    try:
+        why = _path_problem(real_path(path), folder)
+    except OSError as e:              # a name too long, a full device, no permission, a loop of links
+        why = f"cannot write there ({e.strerror or type(e).__name__})"
+    return f"{flag} {path}: {why}" if why else ""
+
+
+def _path_problem(p: Path, folder: bool) -> str:
     if folder:
         if p.exists() and not p.is_dir():
-            return f"{flag} {path}: exists and is not a directory"
+            return "exists and is not a directory"
     elif p.is_dir():
-        return f"{flag} {path}: is a directory"
+        return "is a directory"
+    elif p.exists() and not p.is_file():
+        return _special_problem(p, p.stat())
     anc = p if folder else p.parent
     while not anc.exists() and anc != anc.parent:
         anc = anc.parent
     if not anc.is_dir():
-        return f"{flag} {path}: {anc} is not a directory"
-    try:
-        if not folder and anc == p.parent:
-            existed = p.exists()
-            with p.open("a"):
-                pass
-            if not existed:
-                p.unlink()
-        else:
-            with tempfile.TemporaryFile(dir=anc):
-                pass
-    except OSError as e:
-        return f"{flag} {path}: cannot write there ({e.strerror or type(e).__name__})"
+        return f"{anc} is not a directory"
+    if not folder and anc == p.parent:
+        return _file_problem(p)
+    with tempfile.TemporaryFile(dir=anc):
+        pass
     return ""
 
 
-def first_output_problem(pairs) -> str:
-    """The first problem of several (path, flag) outputs, or ''."""
-    return next((m for m in (output_problem(p, f) for p, f in pairs) if m), "")
+def first_output_problem(outputs) -> str:
+    """The first problem of several outputs, (path, flag) or (path, flag, folder), or ''; two flags that name
+    one file (`--out x --plot x`: the second write would destroy the first) are refused."""
+    outputs = [(o[0], o[1], o[2] if len(o) > 2 else False) for o in outputs if o[0] is not None]
+    seen: dict = {}
+    for path, flag, _ in outputs:
+        try:                               # two spellings of one file: one (device, inode), or one resolved path
+            key = os.stat(path)[1:3]
+        except (OSError, ValueError):
+            key = os.path.realpath(path)
+        if key in seen and path != os.devnull:
+            return f"{seen[key]} and {flag} name the same file {path}: give each its own path"
+        seen.setdefault(key, flag)
+    return next((m for m in (output_problem(p, f, d) for p, f, d in outputs) if m), "")
 
 
 # ---- settings declared once: a dataclass field is its flag ------------------------------------------

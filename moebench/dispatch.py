@@ -10,6 +10,7 @@ import sys
 
 from . import cli
 from .core.workload import WorkloadError
+from .env import launcher
 from .harness import spec, sweep
 from .harness.launch import joined_env
 from .harness.runner import run_case
@@ -31,10 +32,11 @@ def parser() -> argparse.ArgumentParser:
 @cli.tool
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    bad_out = cli.output_problem(args.out, "--out")
+    bad_out = sweep.modifier_problem(args) or cli.output_problem(args.out, "--out") or launcher.problem()
     if bad_out:
         print(f"moebench.dispatch: error: {bad_out}", file=sys.stderr)
         return 2
+    cli.text_to_stderr(args.out)         # --out /dev/stdout | jq: the pipe carries the records alone
     if args.sweep:
         return sweep.main_sweep(args)
     try:

@@ -27,6 +27,7 @@ import moebench.ops as ops
 from moebench.ops import te_source
 from moebench import cli
 from moebench.core.workload import Workload, WorkloadError, rank_inputs
+from moebench.harness import preflight
 from moebench.harness.timing import Timer, host_us, kernel_profile, write_trace
 from moebench.records import provenance, tables, writer
 from moebench.records.schema import PermuteRecord
@@ -61,12 +62,13 @@ def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
 def parse_args(argv):
     p = cli.Parser(prog="python -m moebench.permute", description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default=None, help=f"TxHxKxE,... (default {DEFAULT_SHAPES}; CPU {CPU_SHAPES})")
-    p.add_argument("--ops-impl", dest="impl", default=",".join(IMPLS),
-                   help="comma list of " + ", ".join(IMPLS) + " (cuda@V, triton@BH:WARPS:... for variants)")
+    p.add_argument("--ops-impl", dest="impl", default=None,
+                   help="comma list of " + ", ".join(IMPLS) + " (cuda@V, triton@BH:WARPS:... for variants; default all, "
+                   "those that cannot run here WAIVED; one named that this machine cannot run is refused)")
     p.add_argument("--impl", dest="impl", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old name
     p.add_argument("--ops", default=",".join(OPS), help="comma list of " + ", ".join(OPS))
     p.add_argument("--iters", type=cli.count(), default=50)
-    p.add_argument("--warmup-ms", type=cli.number(0), help="warm-up budget per timed row (default 200; CPU 0)")
+    p.add_argument("--warmup-ms", type=cli.number(0, high=cli.MAX_WAIT_S * 1e3), help="warm-up budget per timed row (default 200; CPU 0)")
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="permute payload")
     p.add_argument("--out", default=None, help="JSONL file to append to")
     p.add_argument("--plot", default=None, help="PNG: GB/s per impl and shape with the copy line")
@@ -77,16 +79,46 @@ def parse_args(argv):
                    help="also write a Chrome trace (host + GPU) of 4 timed iterations per row to DIR")
     p.add_argument("--seed", type=cli.seed, default=0)
     a = p.parse_args(argv)
-    impls = [s for s in a.impl.split(",") if s]
-    for s in impls:
-        if s.split("@")[0] not in IMPLS:
-            raise UsageError(f"--ops-impl: unknown {s!r}; known: {', '.join(IMPLS)}")
-    a.impl_list = impls
-    a.op_list = [s for s in a.ops.split(",") if s]
-    for s in a.op_list:
-        if s not in OPS:
-            raise UsageError(f"--ops: unknown {s!r}; known: {', '.join(OPS)}")
+    a.explicit = a.impl is not None          # named: one this machine cannot run is bad input, not WAIVED
+    a.impl_list = names_list(",".join(IMPLS) if a.impl is None else a.impl, "--ops-impl", lambda s: s.split("@")[0] in IMPLS, IMPLS)
+    a.op_list = names_list(a.ops, "--ops", lambda s: s in OPS, OPS)
     return a
+
+
+def names_list(text: str, flag: str, known, names) -> list[str]:
+    """A comma list of known names, each once; UsageError (one line) for none, an unknown one or a repeat."""
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items:
+        raise UsageError(f"{flag}: names nothing (give a comma list of {', '.join(names)})")
+    for i, s in enumerate(items):
+        if not known(s):
+            raise UsageError(f"{flag}: unknown {s!r}; known: {', '.join(names)}")
+        if s in items[:i]:
+            raise UsageError(f"{flag}: names {s} twice")
+    return items
+
+
+def memory_problem(w: Workload, device: torch.device) -> str:
+    """'' when a shape's inputs and results fit this machine (an estimate, made before anything is drawn: the
+    fp32 draws, the [T, E] routing map and probs, the permuted rows and their fp32 draw, the outputs); else why."""
+    T, H, K, E = w.num_tokens, w.hidden, w.topk, w.num_experts
+    need, have = preflight.draw_bytes(w) + 5 * T * E + 4 * T * H + 8 * T * K * H, preflight.available_bytes(device.type)
+    if have is None or need <= have:
+        return ""
+    return (f"needs ~{need / preflight.GiB:.1f} GiB (an estimate of its inputs and results), {have / preflight.GiB:.1f} "
+            f"GiB {'on the GPU' if device.type == 'cuda' else 'available'}: lower T, H or E")
+
+
+def cannot_run(a) -> str:
+    """The first of moebench's own kernels named in --ops-impl that this machine cannot run, with why ('' when
+    all can; missing optional packages, megatron and te, are WAIVED rows instead)."""
+    for spec in a.impl_list if a.explicit else ():
+        name = spec.partition("@")[0]
+        if name in ops.IMPLS:
+            ok, why = ops.impl_status()[name]
+            if not ok:
+                return f"--ops-impl {spec}: cannot run on this machine ({why}); leave it out, or --ops-impl torch"
+    return ""
 
 
 # ---------------------------------------------------------------- timing
@@ -321,16 +353,21 @@ def main(argv=None) -> int:
     try:
         a = parse_args(argv)
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        shapes = parse_shapes(a.shapes or (DEFAULT_SHAPES if device.type == "cuda" else CPU_SHAPES))
+        shapes = parse_shapes(a.shapes if a.shapes is not None else (DEFAULT_SHAPES if device.type == "cuda"
+                                                                         else CPU_SHAPES))
         for T, H, K, E in shapes:
-            Workload(num_tokens=T, hidden=H, num_experts=E, topk=K, ep=1, dtype=a.dtype)   # bad shape: exit 2
-        bad_out = cli.first_output_problem([(a.out, "--out"), (a.plot, "--plot")]) or cli.output_problem(
-            a.trace, "--trace", folder=True)
-        if bad_out:
-            raise UsageError(bad_out)
+            w = Workload(num_tokens=T, hidden=H, num_experts=E, topk=K, ep=1, dtype=a.dtype)   # bad shape: exit 2
+            too_big = memory_problem(w, device)
+            if too_big:
+                raise UsageError(f"--shapes {T}x{H}x{K}x{E}: {too_big}")
+        bad = (cli.first_output_problem([(a.out, "--out"), (a.plot, "--plot"), (a.trace, "--trace", True)])
+               or cannot_run(a))
+        if bad:
+            raise UsageError(bad)
     except (UsageError, WorkloadError) as e:
         print(f"moebench.permute: {e}", file=sys.stderr)
         return 2
+    cli.text_to_stderr(a.out)
     if device.type == "cpu":
         print("# CPU run: functional check only; CPU times are not performance figures")
     cmd = provenance.repro_command(argv, "moebench.permute")

@@ -9,6 +9,7 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from ..cli import OutputError, real_path
 from ..records import provenance as _results
 from ..records.check import SCHEMA, CheckReport  # noqa: F401  (SCHEMA: what readers of a report match)
 from .registry import FAIL, STATUSES, WAIVED, Result
@@ -40,14 +41,21 @@ def to_junit(res: list[Result], name: str = "moebench.check") -> ET.ElementTree:
 
 
 def write_json(path: str | Path, doc: dict) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    _write(path, lambda p: p.write_text(json.dumps(doc, indent=1, default=str) + "\n"))
 
 
 def write_junit(path: str | Path, res: list[Result]) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
     tree = to_junit(res)
     ET.indent(tree)
-    tree.write(p, encoding="utf-8", xml_declaration=True)
+    _write(path, lambda p: tree.write(p, encoding="utf-8", xml_declaration=True))
+
+
+def _write(path, write) -> None:
+    """write(p) into PATH, its folders made (a symlink is written through); a failure is one line (OutputError)."""
+    p = real_path(path)
+    try:
+        if p.parent != p.parent.parent:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        write(p)
+    except OSError as e:
+        raise OutputError(f"{path}: cannot write the report ({e.strerror or type(e).__name__})") from None

@@ -97,6 +97,9 @@ def family(key: str) -> str:
 def select(keys: list[str] | None = None, prefixes: list[str] | None = None) -> list[Check]:
     """Checks named by exact key or family (`keys`) or by key prefix (`prefixes`), in registry
     order; all checks when neither is given. Unknown names raise SelectionError."""
+    if any(not k.strip() for k in [*(keys or []), *(prefixes or [])]):
+        raise SelectionError(f"{'-t' if any(not k.strip() for k in keys or []) else '-p'} is empty: give a check key "
+                             "or prefix (-l lists them)")
     if not keys and not prefixes:
         return list(REGISTRY.values())
     chosen: set[str] = set()

@@ -14,6 +14,7 @@ payloads. Routing specs are strings so that they fit on a command line and in a 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +41,8 @@ class Routing:
     def parse(spec: str) -> "Routing":
         parts = [p.strip() for p in spec.split(",") if p.strip()]
         if not parts:
-            raise WorkloadError("empty routing spec")
+            raise WorkloadError("--routing is empty (give uniform, balanced, zipf:S, group:G:M or trace:FILE, each "
+                                "optionally followed by ,masked:P)")
         fields: dict = {}
         for mod in parts[1:]:
             name, _, val = mod.partition(":")
@@ -148,8 +150,21 @@ def _generator(w: Workload, rank: int, stream: int) -> torch.Generator:
     return torch.Generator().manual_seed(((w.seed * 1_000_003 + rank) * 7 + stream) % (2**63))
 
 
+def _fits(nbytes: int, what: str, flags: str) -> None:
+    """WorkloadError before a draw larger than this machine's whole memory (an allocator traceback otherwise;
+    the tools' preflight refuses far less than this, against the memory that is free)."""
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return
+    if nbytes > have:
+        raise WorkloadError(f"{what} would take {nbytes / 2**30:.1f} GiB, more than this machine's "
+                            f"{have / 2**30:.1f} GiB of memory: lower {flags}")
+
+
 def make_tokens(w: Workload, rank: int, device="cpu") -> torch.Tensor:
     """x_TH in bf16, N(0,1), deterministic from (seed, rank); generated on CPU so every device agrees."""
+    _fits(4 * w.num_tokens * w.hidden, f"the fp32 tokens [{w.num_tokens}, {w.hidden}]", "--num-tokens or --hidden")
     x = torch.randn(w.num_tokens, w.hidden, generator=_generator(w, rank, 0))
     return x.to(torch.bfloat16).to(device)
 
@@ -159,6 +174,7 @@ def make_routing(w: Workload, rank: int, device="cpu") -> tuple[torch.Tensor, to
     g = _generator(w, rank, 1)
     r = w.route
     T, E, K = w.num_tokens, w.num_experts, w.topk
+    _fits(4 * T * E, f"the fp32 routing scores [{T}, {E}]", "--num-experts or --num-tokens")
     if r.kind == "uniform":
         idx = torch.rand(T, E, generator=g).topk(K, dim=1).indices
     elif r.kind == "balanced":
@@ -221,12 +237,26 @@ def _sniff(p: Path, err: Exception) -> str:
     return f"binary data that is neither a zip nor a pickle (first bytes {head[:8].hex()})"
 
 
+def not_a_file(path: str | Path) -> str:
+    """'' for a regular file; else what PATH is instead, in a few words (a FIFO is not "no such file")."""
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    kinds = ((stat.S_ISREG, ""), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe), not a file"),
+             (stat.S_ISSOCK, "a socket, not a file"))
+    return next((what for test, what in kinds if test(mode)), "a device, not a file")
+
+
 def load_trace(path: str, topk: int, num_experts: int) -> torch.Tensor:
     """Read topk_idx from a trace file (TRACE_FORMATS); one line that says what was expected and what
     was found when it cannot."""
     p = Path(path)
-    if not p.is_file():
-        raise _trace_bad(path, "a directory" if p.is_dir() else "no such file")
+    if not_a_file(p):
+        raise _trace_bad(path, not_a_file(p))
     try:
         if p.suffix == ".npz":
             import numpy as np

@@ -28,15 +28,20 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from ..env import launcher
+
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def quiet_stop_signals() -> None:
     """SIGINT and SIGTERM end this process at once, without a word (the default action, no Python
     handler). A rank starts with both blocked (run_ranks blocks them while it spawns), so one that
-    came during its start-up is delivered here, not as a KeyboardInterrupt traceback from an import."""
+    came during its start-up is delivered here, not as a KeyboardInterrupt traceback from an import.
+    A SIGINT the tool ignores (started by a script as `tool &`: the shell sets SIG_IGN, and exec keeps it)
+    stays ignored in its ranks, so a Ctrl-C meant for the script's foreground job cannot end them."""
     for s in STOP_SIGNALS:
-        signal.signal(s, signal.SIG_DFL)
+        if not (s == signal.SIGINT and signal.getsignal(s) == signal.SIG_IGN):
+            signal.signal(s, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
@@ -68,13 +73,9 @@ class RankContext:
 
 
 def joined_env() -> tuple[int, int, int] | None:
-    """(rank, world, local_rank) when started by torchrun or srun, else None."""
-    e = os.environ
-    if "RANK" in e and "WORLD_SIZE" in e:
-        return int(e["RANK"]), int(e["WORLD_SIZE"]), int(e.get("LOCAL_RANK", 0))
-    if "SLURM_PROCID" in e and "SLURM_NTASKS" in e and int(e["SLURM_NTASKS"]) > 1:
-        return int(e["SLURM_PROCID"]), int(e["SLURM_NTASKS"]), int(e.get("SLURM_LOCALID", 0))
-    return None
+    """(rank, world, local_rank) when started by torchrun or srun, else None (env/launcher.py decides; the
+    tools refuse a partial or garbled launcher environment before any work: launcher.problem)."""
+    return launcher.joined()
 
 
 @contextlib.contextmanager

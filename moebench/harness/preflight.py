@@ -24,11 +24,17 @@ On CPU this was checked against the peak RSS of the ranks (tests/test_robust_pre
 estimate read 0.8-1.0 of it for 2 and 8 ranks, so a case close to the limit may still be killed;
 its FAIL then says that the kill was likely for memory (launch.py).
 
+Before any of that, what every backend needs alike (`workload_problem`, whatever --backend names): each
+rank draws its routing scores (fp32 [T, E]) and tokens (fp32 [T, H]) on the host, and the parent draws
+every rank's routing once more for the byte rule; an explicit `--overlap gemm:MxNxK` adds its operands.
+A workload past that is refused before the parent draws anything (an allocator traceback before).
+
 Ranks started by torchrun/Slurm each decide alone, so the memory check is skipped there.
 """
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -36,6 +42,7 @@ import torch
 
 from ..backends import base
 from ..core.workload import Workload, make_routing
+from . import overlap
 from .launch import joined_env
 from .timing import L2_FLUSH_BYTES
 
@@ -77,7 +84,7 @@ def rank_bytes(name: str, dedup: bool, w: Workload, c: dict, r: int, cuda: bool)
     S, R, P, M = c["sent"][r], c["rows"][r], c["pairs"][r], c["busiest"][r]
     held = 2 * T * H + (T * H if w.dtype == "fp8" else 0) + 2 * R * b + 2 * R * H + 2 * T * H
     call = (P + R) * b if dedup else (S + 2 * R) * b
-    peak = max(8 * T * K * H + 4 * T * H, CHECK_KEY_BYTES * M * H, call)
+    peak = max(8 * T * K * H + 4 * T * H, CHECK_KEY_BYTES * M * H, call, draw_bytes(w))
     if not cuda:
         return held + peak + RANK_PROCESS_HOST
     extra = L2_FLUSH_BYTES + RANK_CONTEXT_CUDA
@@ -97,10 +104,25 @@ class Estimate:
         return max(sum(self.per_rank[i:i + n]) for i in range(0, len(self.per_rank), n))
 
 
+def draw_bytes(w: Workload) -> int:
+    """The fp32 routing scores [T, E] and tokens [T, H] a rank draws on the host (make_routing, make_tokens)."""
+    return 4 * w.num_tokens * (w.num_experts + w.hidden)
+
+
+def gemm_bytes(spec, rows: int, cuda: bool) -> int:
+    """The --overlap GEMM's operands and output on a rank ([M, K], [K, N], [M, N]; bf16 on CUDA, fp32 on CPU); M
+    is the rows the rank received unless the spec names the shape. 0 without --overlap."""
+    shape = overlap.parse(spec.overlap)
+    if shape is None:
+        return 0
+    M, N, K = overlap.gemm_shape(shape, rows, spec.workload.hidden)
+    return (2 if cuda else 4) * (M * K + K * N + M * N)
+
+
 def estimate(name: str, dedup: bool, spec) -> Estimate:
     w, cuda = spec.workload, spec.device == "cuda"
     c = routing_counts(w)
-    per = [rank_bytes(name, dedup, w, c, r, cuda) for r in range(w.ep)]
+    per = [rank_bytes(name, dedup, w, c, r, cuda) + gemm_bytes(spec, c["rows"][r], cuda) for r in range(w.ep)]
     if cuda:
         return Estimate(per, max(1, spec.ranks_per_gpu), "device memory per GPU")
     return Estimate(per, w.ep, "host memory")
@@ -122,10 +144,34 @@ def available_bytes(device: str) -> int | None:
             return None
 
 
+def workload_problem(spec) -> str:
+    """'' when what every backend needs fits (the module docstring), or nothing can be said; else one line.
+    Counted without drawing anything: a shape of 10^12 tokens is refused here, not by the allocator."""
+    if joined_env() is not None:
+        return ""
+    explicit = isinstance(overlap.parse(spec.overlap), tuple)
+    return inputs_problem(spec.workload, spec.workload.ep, gemm_bytes(spec, 1, False) if explicit else 0)
+
+
+def inputs_problem(w: Workload, ranks: int, gemm: int = 0) -> str:
+    """workload_problem for `ranks` local ranks, each with `gemm` bytes of GEMM besides (check's round trips too)."""
+    have = available_bytes("cpu")
+    need = (ranks + 1) * draw_bytes(w) + ranks * gemm
+    if have is not None and need > have:
+        return (f"EP {ranks} with T={w.num_tokens} H={w.hidden} E={w.num_experts} needs ~{need / GiB:.1f} GiB of host "
+                f"memory before any backend runs (each rank draws fp32 routing scores [T, E] and tokens [T, H]"
+                f"{', and the --overlap GEMM' if gemm else ''}), {have / GiB:.1f} GiB available: lower --num-tokens, "
+                f"--num-experts or --hidden{' or the GEMM shape' if gemm else ''}")
+    return ""
+
+
 def memory_problem(name: str, dedup: bool, spec) -> str:
     """'' when the case fits (or nothing can be said); else one line with the estimate and what is there."""
     if joined_env() is not None:
         return ""
+    first = workload_problem(spec)
+    if first:
+        return first
     w, have = spec.workload, available_bytes(spec.device)
     if have is None:
         return ""
@@ -137,6 +183,25 @@ def memory_problem(name: str, dedup: bool, spec) -> str:
     return (f"{name} on EP {w.ep} needs ~{e.need / GiB:.1f} GiB of {e.where} (an estimate: {shared}; the "
             f"oracle's fp32 [T, K, H] products, payload copies, the rank processes), {have / GiB:.1f} GiB {there}: "
             "lower --num-tokens, --hidden, --topk or --ep" + (", or run on GPUs" if spec.device == "cpu" else ""))
+
+
+def ops_impl_problem(spec) -> str:
+    """'' unless --ops-impl names an implementation this run's device cannot run (cuda on a CPU run, triton on
+    CPU without its interpreter, or either where ops.impl_status says no): a named one is bad input for every
+    backend, not a FAIL from inside the ranks."""
+    impl = str(spec.knobs.get("ops_impl", "auto")).partition("@")[0]
+    if impl in ("auto", "torch"):
+        return ""
+    if spec.device == "cpu":
+        if impl == "cuda":
+            return "--ops-impl cuda runs on GPUs and this run is on CPU: use --ops-impl torch (or auto)"
+        if os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None:
+            return ("--ops-impl triton on a CPU run needs triton installed and TRITON_INTERPRET=1 (its interpreter, "
+                    "slow): use --ops-impl torch (or auto)")
+        return ""
+    from .. import ops
+    ok, why = ops.impl_status()[impl]
+    return "" if ok else f"--ops-impl {impl} cannot run here ({why}): use --ops-impl auto"
 
 
 def waiver(name: str, spec) -> str:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from ..backends import base
 from ..backends.base import ENV_KNOB
-from ..cli import Parser, add_settings, count, number, read_settings, seed, setting, write_settings
+from ..cli import (MAX_WAIT_S, Parser, add_settings, count, number, read_settings, seconds, seed, setting,
+                   write_settings)
 from ..core.workload import DTYPES, Workload, WorkloadError
 from . import overlap, preflight
 from .launch import joined_env
@@ -61,6 +62,8 @@ def add_shape_args(p: argparse.ArgumentParser, tokens_help: str = "tokens per ra
 def parse_views(text: str) -> tuple[str, ...]:
     """argparse type of --views: known names, api always kept, in VIEWS order."""
     names = {v.strip() for v in text.split(",") if v.strip()}
+    if not names:
+        raise argparse.ArgumentTypeError(f"names no view (give a comma list of {', '.join(VIEWS)})")
     unknown = sorted(names - set(VIEWS))
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown view {unknown[0]!r} (known: {', '.join(VIEWS)})")
@@ -114,7 +117,7 @@ class RunSpec:
                          help=f"timed iterations (default {DEFAULT_ITERS['cuda']}; CPU {DEFAULT_ITERS['cpu']})",
                          read=lambda a, c: a.iters if a.iters is not None else DEFAULT_ITERS[c["placement"].device],
                          write=lambda v: ["--iters", v])
-    warmup_ms: float = setting(0.0, "--warmup-ms", type=number(0), default=None,
+    warmup_ms: float = setting(0.0, "--warmup-ms", type=number(0, high=MAX_WAIT_S * 1e3), default=None,
                                help=f"warm-up budget per phase (default {DEFAULT_WARMUP_MS['cuda']:g}; CPU "
                                     f"{DEFAULT_WARMUP_MS['cpu']:g})",
                                read=lambda a, c: (a.warmup_ms if a.warmup_ms is not None
@@ -122,7 +125,7 @@ class RunSpec:
                                write=lambda v: ["--warmup-ms", v])
     flush_l2: bool = setting(True, "--no-flush-l2", help="skip the L2 flush before timed calls", action="store_true",
                              read=lambda a, c: not a.no_flush_l2, write=lambda v: [] if v else ["--no-flush-l2"])
-    timeout_s: float = setting(600.0, "--timeout", type=number(0, strict=True), default=600.0,
+    timeout_s: float = setting(600.0, "--timeout", type=seconds, default=600.0,
                                help="seconds per backend launch", read=lambda a, c: a.timeout,
                                write=lambda v: ["--timeout", v])
     knobs: dict = setting({}, "--ops-impl", default="auto", choices=base.OPS_IMPL.choices,
@@ -191,7 +194,11 @@ class RunSpec:
         p = place(args.device, args.ep, args.ranks_per_gpu, joined_env())
         backends = _read_backends(args, {})
         vals = read_settings(cls, args, {"placement": p, "backends": backends})
-        return cls(workload=workload or _workload(args, p.device == "cpu"), note=p.note, **vals)
+        run = cls(workload=workload or _workload(args, p.device == "cpu"), note=p.note, **vals)
+        bad = preflight.ops_impl_problem(run)
+        if bad:
+            raise WorkloadError(bad)
+        return run
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> RunSpec:
@@ -203,8 +210,12 @@ class RunSpec:
         return dataclasses.replace(self, **changes)
 
     def check(self) -> RunSpec:
-        """Bad input raises WorkloadError: an explicitly named backend that cannot take this run, or
-        that would not fit in this machine's memory (preflight.py's estimate)."""
+        """Bad input raises WorkloadError: a workload whose inputs alone would not fit, whatever the backends, an
+        explicitly named backend that cannot take this run, or that would not fit in this machine's memory
+        (preflight.py's estimates)."""
+        too_big = preflight.workload_problem(self)
+        if too_big:
+            raise WorkloadError(too_big)
         if self.explicit:
             for n in self.backends:
                 base.get(n)(knob_values=self.backend_knobs).validate(self.workload, self.workload.ep)

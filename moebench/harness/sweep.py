@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..backends.base import REGISTRY, knob_problem
 from ..cli import Interrupted, count
-from ..core.workload import Workload, WorkloadError
+from ..core.workload import Workload, WorkloadError, not_a_file
 from ..env.toolkit import SWEEPS_DIR
 from ..records import schema, writer
 from ..records.knobs import best_knobs
@@ -73,6 +73,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--redo-failed", action="store_true", help="with --sweep: rerun cases recorded as FAIL")
 
 
+def modifier_problem(args) -> str:
+    """'' unless a sweep modifier is given without --sweep (it would be ignored: a run the user did not ask for)."""
+    given = [f for f, v in (("--knob-sweep", args.knob_sweep), ("--max-cases", args.max_cases is not None),
+                            ("--redo-failed", args.redo_failed)) if v]
+    return f"{given[0]} modifies a sweep: add --sweep NAME, or leave {given[0]} out" if given and not args.sweep else ""
+
+
 def known() -> list[str]:
     return sorted(p.stem for p in SWEEPS_DIR.glob("*.toml")) + sorted(p.stem for p in SWEEPS_DIR.glob("*.json"))
 
@@ -80,9 +87,9 @@ def known() -> list[str]:
 def resolve(name: str) -> Path:
     p = Path(name)
     if p.suffix in (".toml", ".json") or os.sep in name:
-        if p.is_file():
+        if not not_a_file(p):
             return p
-        raise WorkloadError(f"sweep file {name} not found")
+        raise WorkloadError(f"sweep file {name}: {not_a_file(p)}")
     for suffix in (".toml", ".json"):
         if (SWEEPS_DIR / (name + suffix)).is_file():
             return SWEEPS_DIR / (name + suffix)

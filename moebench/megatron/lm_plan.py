@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 
 from ..core.megatron_map import BACKENDS, CONTROL
+from ..env import launcher
 from ..env.toolkit import dist_version, installed
 from . import flags as F
 from ..harness.placement import PlacementError, place, visible_gpus
@@ -35,13 +36,7 @@ def find_checkout(path: str | None) -> str | None:
 
 def launcher_shape() -> tuple[int, int, str] | None:
     """(world, ranks on this node, launcher) when this process is a rank started by torchrun or srun."""
-    e = os.environ
-    if "RANK" in e and "WORLD_SIZE" in e:
-        return int(e["WORLD_SIZE"]), int(e.get("LOCAL_WORLD_SIZE", e["WORLD_SIZE"])), "torchrun"
-    if "SLURM_PROCID" in e and "SLURM_NTASKS" in e:
-        per_node = e.get("SLURM_NTASKS_PER_NODE", e["SLURM_NTASKS"]).split("(")[0]
-        return int(e["SLURM_NTASKS"]), int(per_node), "srun"
-    return None
+    return launcher.shape()
 
 
 def make_launch(device: str, ep: int | None, ranks_per_gpu: int, joined=None) -> Launch:

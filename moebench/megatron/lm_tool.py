@@ -197,7 +197,10 @@ def cmd_compare(args) -> int:
     """Verdicts from the arm records of several launches (`megatron arm`), grouped by validation."""
     recs = []
     for path in args.files:
-        objs = schema.read(path)
+        try:
+            objs = schema.read(path)
+        except OSError as e:                 # a missing file, a directory, a FIFO: said as what it is
+            raise LmError(str(e) if str(e).startswith(str(path)) else f"{path}: {e.strerror or e}") from None
         recs += [{**r, "_file": path, "_line": i + 1} for i, r in enumerate(objs) if r.get("schema") == ARM_SCHEMA]
     if not recs:
         raise LmError(f"no Megatron-LM arm records in {', '.join(args.files)} (write them with `megatron arm` or "

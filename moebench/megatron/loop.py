@@ -35,6 +35,25 @@ def spec_of(args):
     return spec
 
 
+def memory_problem(spec, device: str, world: int) -> str:
+    """'' when the quick loop's model fits here (a floor, counted before any rank starts: per rank, 16 bytes per
+    parameter for bf16 weights, fp32 masters, gradients and Adam's two moments, plus the fp32 logits and their
+    gradient, [micro_batch, seq_length, vocab] twice); else one line, so that --hidden 10^6 is no allocator FAIL."""
+    from ..harness.preflight import GiB, available_bytes
+    H, F, L, V = spec.hidden, spec.ffn_hidden, spec.num_layers, spec.padded_vocab
+    local = -(-spec.num_experts // world)
+    params = 2 * V * H + L * (4 * H * H + H * spec.num_experts + 3 * local * H * F)
+    per_rank = 16 * params + 8 * spec.micro_batch * spec.seq_length * V
+    have = available_bytes(device)
+    need = per_rank * (world if device == "cpu" else 1)
+    if have is None or need <= have:
+        return ""
+    return (f"the quick loop's model needs at least ~{need / GiB:.1f} GiB ({world} rank(s), ~{params / 1e9:.2f} G "
+            f"parameters each with Adam's state, and the logits), {have / GiB:.1f} GiB "
+            f"{'available' if device == 'cpu' else 'on the GPU'}: lower --hidden, --ffn-hidden, --num-layers, "
+            "--vocab or --seq-length")
+
+
 def environment(args, dispatcher: str, num_experts: int) -> tuple[str, int]:
     """(device type, world) from the one placement rule (harness/placement.py); FlagsError (exit 2) when this
     machine cannot run it."""
@@ -111,6 +130,9 @@ def compare_to_control(out: list[dict]) -> None:
 def cmd_quick(args, argv, dispatcher: str) -> int:
     spec = spec_of(args)
     device, world = environment(args, dispatcher, spec.num_experts)
+    too_big = memory_problem(spec, device, world)
+    if too_big:
+        raise FlagsError(too_big)
     shared = args.ranks_per_gpu > 1
     runs = [] if args.no_control or dispatcher == CONTROL else [("control", CONTROL)]
     runs.append(("candidate", dispatcher))

@@ -21,6 +21,7 @@ import sys
 
 from .. import cli
 from ..core.megatron_map import BACKENDS, CONTROL
+from ..env import launcher
 from ..env.toolkit import dist_version
 from ..harness.views import SAMPLED as SAMPLED_VIEWS
 from ..records.schema import FUNCTIONAL_NOTE, performance_only, read_dispatch
@@ -41,7 +42,10 @@ def dispatcher_list(text: str) -> list[str]:
     bad = [n for n in names if n not in BACKENDS]
     if bad or not all(names):
         raise argparse.ArgumentTypeError(f"must be a list of {', '.join(BACKENDS)}, got {text!r}")
-    return list(dict.fromkeys(names))
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice:
+        raise argparse.ArgumentTypeError(f"names {twice} twice")
+    return names
 
 
 def _flags_parser(sub) -> None:
@@ -107,7 +111,7 @@ def _validate_parser(sub) -> None:
     v.add_argument("--loss-rtol", type=cli.number(0, strict=True), default=0.02,
                    help="the candidate's lm loss must match the control's at every iteration within this relative "
                         "tolerance (default 0.02)")
-    v.add_argument("--timeout", type=cli.number(0, strict=True), default=1800.0, help="seconds per launch (default 1800)")
+    v.add_argument("--timeout", type=cli.seconds, default=1800.0, help="seconds per launch (default 1800)")
     v.add_argument("--log-dir", help="each launch's full log (default: OUT's name + -logs/)")
     v.add_argument("--quick", action="store_true", help="the built-in megatron-core loop even where Megatron-LM is at hand")
     v.add_argument("--no-control", action="store_true", help="quick loop: skip the alltoall control run")
@@ -175,8 +179,10 @@ def candidates(args) -> list[str]:
 
 def cmd_validate(args, argv) -> int:
     from . import lm_plan
-    if cli.output_problem(args.out, "--out"):
-        raise F.FlagsError(cli.output_problem(args.out, "--out"))
+    bad_out = cli.first_output_problem([(args.out, "--out"), (args.log_dir, "--log-dir", True)])
+    if bad_out:
+        raise F.FlagsError(bad_out)
+    cli.text_to_stderr(args.out)
     found = None if args.quick else lm_plan.find_checkout(args.megatron_lm)
     cands = candidates(args)
     if found is None:
@@ -203,11 +209,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     try:
+        bad_launch = launcher.problem() if args.cmd in ("validate", "arm") else ""     # they start ranks
+        if bad_launch:
+            raise LmError(bad_launch)
         if args.cmd == "flags":
             return cmd_flags(args)
         if args.cmd == "validate":
             return cmd_validate(args, argv)
         from . import lm_plan, lm_tool
+        bad_out = cli.output_problem(args.out, "--out")
+        if bad_out:
+            raise LmError(bad_out)
+        cli.text_to_stderr(args.out)
         if args.cmd == "arm":
             args.dispatcher, args.megatron_lm = args.dispatcher[0], lm_plan.find_checkout(args.megatron_lm)
             if not args.megatron_lm:

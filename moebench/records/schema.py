@@ -12,6 +12,7 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 
+from ..core.workload import not_a_file
 from .shapes import quantile
 from pathlib import Path
 
@@ -88,10 +89,11 @@ class PermuteRecord:
 def _lines(path: str | os.PathLike) -> tuple[list[dict], list[int]]:
     """(the JSON objects of a JSONL file, the numbers of the non-empty lines that are not one)."""
     p = Path(path)
-    if p.is_dir():
+    why = not_a_file(p)
+    if why == "a directory":
         raise IsADirectoryError(f"{path}: is a directory, not a JSONL file")
-    if not p.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
+    if why:
+        raise FileNotFoundError(f"{path}: {why}")
     out, bad = [], []
     with p.open(errors="replace") as f:
         for n, line in enumerate(f, 1):
@@ -128,7 +130,7 @@ def read_dispatch(paths, require: bool = False) -> list[dict]:
         objs, bad = _lines(path)
         mine = [{**r, "_file": str(path)} for r in objs if is_dispatch(r)]
         if require and not mine:
-            what = ("it is empty" if not objs and not bad else f"{len(bad)} line(s) are not JSON" if not objs else
+            what = ("it is empty" if not objs and not bad else f"{len(bad)} line(s) are not JSON objects" if not objs else
                     f"its {len(objs)} JSON record(s) are not moebench.dispatch records")
             raise ValueError(f"{path}: no moebench.dispatch records ({what})")
         for n in bad:

@@ -230,11 +230,15 @@ def test_checkout_version_rules(tmp_path):
 
 
 def test_launch_recipe_shapes(monkeypatch):
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS",
+              "SLURM_NTASKS_PER_NODE", "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS"):
         monkeypatch.delenv(k, raising=False)
     assert lm_plan.launcher_shape() is None
     monkeypatch.setenv("SLURM_PROCID", "3")
     monkeypatch.setenv("SLURM_NTASKS", "16")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")            # a task srun started
+    monkeypatch.setenv("MASTER_ADDR", "node0")
+    monkeypatch.setenv("MASTER_PORT", "29500")
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "8(x2)")
     assert lm_plan.launcher_shape() == (16, 8, "srun")
     monkeypatch.setenv("RANK", "3")
@@ -249,12 +253,14 @@ def test_launch_recipe_shapes(monkeypatch):
 
 def test_validate_refuses_under_a_launcher_and_arm_outside_one(monkeypatch, capsys):
     monkeypatch.setenv("MEGATRON_LM", str(STANDIN))
-    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "node0")
+    monkeypatch.setenv("MASTER_PORT", "29500")
     assert megatron.main(["validate", "--dispatcher", "deepep", "--device", "cpu", "--ep", "2"]) == 2
     assert "`megatron arm` once per arm" in capsys.readouterr().err
-    monkeypatch.delenv("RANK")
-    monkeypatch.delenv("WORLD_SIZE")
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k)
     assert megatron.main(["arm", "--dispatcher", "deepep", "--device", "cpu", "--ep", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "one rank of a torchrun or srun job" in err[0]

@@ -1,0 +1,271 @@
+"""The failure classes issue 35 found open, driven as a new user drives the tools (subprocesses): launch
+environments, output targets, sizes and times past the preflight, interrupts, nonsense accepted silently.
+Every bad input is one line on stderr naming the problem and a non-zero exit (2 for usage), before any work:
+never a traceback, never a hang (every run has a timeout), no record lost."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import FAKES, ROOT, alive, children_of, wait_for
+from moebench import cli
+from moebench.env.toolkit import installed
+from moebench.records import writer
+
+TINY = ["--device", "cpu", "--ep", "2", "--num-tokens", "8", "--hidden", "64", "--num-experts", "8", "--topk", "2",
+        "--iters", "1"]
+PERMUTE = ["moebench.permute", "--ops-impl", "torch", "--shapes", "16x32x2x4", "--iters", "1", "--ops", "permute"]
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS",
+               "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS", "TRITON_INTERPRET")
+HUGE = str(10**12)
+
+
+def env(**extra) -> dict:
+    """This environment without any launcher variable (the tests set their own), the fakes first on the path."""
+    clean = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    return {**clean, "PYTHONPATH": f"{FAKES}{os.pathsep}{ROOT}", "PYTHONUNBUFFERED": "1", **extra}
+
+
+def tools(*runs, timeout=120) -> list[subprocess.CompletedProcess]:
+    """`python -m` command lines (argv, or (argv, extra environment)), three at a time, results in order."""
+    def one(run):
+        argv, extra = run if isinstance(run, tuple) else (run, {})
+        return subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=timeout,
+                              env=env(**extra), cwd=ROOT, stdin=subprocess.DEVNULL)
+    with ThreadPoolExecutor(3) as pool:
+        return list(pool.map(one, runs))
+
+
+def shell(line: str, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=timeout, env=env(), cwd=ROOT)
+
+
+def refused(p, *words, code=2) -> str:
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == code and len(err) == 1, (p.args, p.returncode, p.stderr[-2000:])
+    assert "Traceback" not in p.stderr
+    assert all(w in err[0] for w in words), (words, err[0])
+    return err[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def refused_here(rc, capsys, *words) -> str:
+    """The same as `refused`, for a tool's main() called in this process (cheap: torch is imported already)."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, (rc, err)
+    assert all(w in err[0] for w in words), (words, err[0])
+    return err[0]
+
+
+# ---------------------------------------------------------------- launch environments
+LAUNCH = [({"SLURM_NTASKS": "8", "SLURM_PROCID": "0"}, "SLURM_NTASKS=8"),
+          ({"RANK": "0"}, "RANK=0"),
+          ({"RANK": "0", "WORLD_SIZE": "abc", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "WORLD_SIZE='abc'"),
+          ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "LOCAL_RANK=-1"),
+          ({"RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "RANK=3")]
+
+
+@pytest.mark.parametrize("tool", ["dispatch", "check", "megatron"])
+@pytest.mark.parametrize("launch, variable", LAUNCH, ids=[v for _, v in LAUNCH])
+def test_launch_environments_are_refused_in_every_tool_that_starts_ranks(monkeypatch, capsys, tmp_path, tool, launch,
+                                                                        variable):
+    from moebench import check, dispatch, megatron
+    for k in LAUNCH_VARS:
+        monkeypatch.delenv(k, raising=False)
+    for k, v in launch.items():
+        monkeypatch.setenv(k, v)
+    out = str(tmp_path / "r.jsonl")
+    rc = {"dispatch": lambda: dispatch.main([*TINY, "--out", out]), "check": lambda: check.main(["-t", "env"]),
+          "megatron": lambda: megatron.main(["validate", "--dispatcher", "alltoall", "--device", "cpu", "--out", out])}
+    refused_here(rc[tool](), capsys, variable)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_launch_environments_from_the_command_line_busy_port_refused_and_a_whole_one_runs(tmp_path):
+    out = tmp_path / "r.jsonl"
+    dispatch = ["moebench.dispatch", *TINY[:3], "1", *TINY[4:], "--backend", "alltoall", "--out", str(out)]   # --ep 1
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        one = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+        alloc, port, whole = tools((dispatch, {"SLURM_NTASKS": "8", "SLURM_PROCID": "0"}),
+                                   (dispatch, {**one, "MASTER_PORT": str(busy.getsockname()[1])}),
+                                   (dispatch, {**one, "MASTER_PORT": str(free_port())}))
+    refused(alloc, "SLURM_NTASKS=8", "srun -n 8")
+    refused(port, "MASTER_PORT", "in use")
+    assert whole.returncode == 0, whole.stderr[-2000:]                   # torchrun's environment, one rank: it joins
+    assert [json.loads(line)["check"]["status"] for line in out.read_text().splitlines()] == ["PASS", "PASS"]
+
+
+# ---------------------------------------------------------------- output targets
+def test_piped_stdout_and_symlinks_are_outputs(tmp_path):
+    link, target = tmp_path / "link.jsonl", tmp_path / "later" / "target.jsonl"
+    link.symlink_to(target)                                              # its target does not exist yet
+    piped, linked = tools(["moebench.dispatch", *TINY, "--backend", "alltoall", "--out", "/dev/stdout"],
+                          [*PERMUTE, "--out", str(link)])
+    assert piped.returncode == 0, piped.stderr[-2000:]
+    assert [json.loads(line)["phase"] for line in piped.stdout.splitlines()] == ["dispatch", "combine"]   # `| jq`
+    assert "alltoall" in piped.stderr and "Traceback" not in piped.stderr                 # the table went aside
+    assert linked.returncode == 0, linked.stderr[-2000:]
+    assert link.is_symlink() and len(target.read_text().splitlines()) == 1
+
+
+def test_dev_null_is_an_output_and_the_output_check_keeps_a_dangling_symlink(tmp_path, capsys):
+    from moebench import permute
+    assert permute.main([*PERMUTE[1:], "--out", os.devnull]) == 0      # fsync on a device was an OSError
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(tmp_path / "target.jsonl")
+    assert cli.output_problem(str(link), "--out") == ""
+    assert link.is_symlink() and not (tmp_path / "target.jsonl").exists()
+    with pytest.raises(cli.OutputError, match="/dev/full: cannot append 1 record"):   # one line, the tool exits 1
+        writer.write_jsonl("/dev/full", [{"a": 1}])
+
+
+def test_bad_output_targets_are_one_line_before_any_work(tmp_path, capsys):
+    from moebench import check, dispatch, megatron, permute
+    fifo, same = tmp_path / "fifo", str(tmp_path / "same")
+    os.mkfifo(fifo)
+    held = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)      # were it opened after all, the open would not block the test
+    try:
+        refused_here(dispatch.main([*TINY, "--out", str(fifo)]), capsys, "FIFO", "/dev/stdout")
+        refused_here(dispatch.main([*TINY, "--out", "/dev/full"]), capsys, "/dev/full", "No space left")
+        refused_here(dispatch.main([*TINY, "--out", str(tmp_path / ("x" * 300))]), capsys, "File name too long")
+        refused_here(permute.main([*PERMUTE[1:], "--out", same, "--plot", same]), capsys, "--out and --plot")
+        refused_here(check.main(["-t", "env", "--out", same, "--junit", same]), capsys, "--out and --junit")
+        refused_here(megatron.main(["compare", str(fifo), "--out", str(fifo)]), capsys, "FIFO")
+    finally:
+        os.close(held)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
+    fifo_cli, closed, full = (shell(f"python -m moebench.dispatch --out {fifo}"), shell("python -m moebench.plan >&-"),
+                              shell("python -m moebench.plan >/dev/full"))
+    refused(fifo_cli, "FIFO")                                            # it hung before any work
+    refused(closed, "stdout is closed")
+    refused(full, "stdout cannot be written", "No space left")
+
+
+# ---------------------------------------------------------------- sizes and times past the preflight
+SIZES = [(["--backend", "alltoall", "--num-tokens", HUGE], "host memory"),
+         (["--num-experts", HUGE], "E=1000000000000"),                     # --backend all too
+         (["--overlap", "gemm:1000000x1000000x1000000"], "GEMM"),
+         (["--timeout", "1e300"], "--timeout"),
+         (["--warmup-ms", "1e300"], "--warmup-ms")]
+
+
+@pytest.mark.parametrize("extra, words", SIZES, ids=[" ".join(e)[:24] for e, _ in SIZES])
+def test_sizes_and_times_past_the_preflight_are_refused_before_ranks_start(tmp_path, capsys, extra, words):
+    from moebench import dispatch
+    refused_here(dispatch.main([*TINY, "--out", str(tmp_path / "r.jsonl"), *extra]), capsys, words)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sizes_past_memory_in_the_other_tools(capsys):
+    from moebench import check, megatron, permute
+    refused_here(permute.main(["--ops-impl", "torch", "--shapes", f"{HUGE}x128x4x8"]), capsys, "GiB", "lower T")
+    refused_here(check.main(["--num-tokens", HUGE]), capsys, "host memory")
+    refused_here(megatron.main(["validate", "--dispatcher", "alltoall", "--timeout", "1e300"]), capsys, "--timeout")
+    if installed("megatron.core"):                   # the quick loop's model, counted before its ranks start
+        refused_here(megatron.main(["validate", "--dispatcher", "alltoall", "--device", "cpu", "--hidden", "1048576",
+                                    "--heads", "1", "--out", os.devnull]), capsys, "quick loop's model", "--hidden")
+    refused(*tools(["moebench.plan", "--ep", "8", "--num-experts", HUGE]), "routing scores", "--num-experts")
+
+
+# ---------------------------------------------------------------- interrupts
+def group_left(pgid: int) -> list[int]:
+    """Processes of the group `pgid` still running (not zombies)."""
+    left = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == pgid and fields[0] != "Z":
+                left.append(int(d.name))
+    return left
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
+def test_a_tool_started_with_sigint_ignored_keeps_its_ranks_through_a_ctrl_c(tmp_path):
+    """`tool &` in a script: the shell sets SIGINT to SIG_IGN; a Ctrl-C to the terminal's group must not end the
+    ranks (they used to die, recording FAIL, which a resumed sweep then kept)."""
+    out = tmp_path / "r.jsonl"
+    p = subprocess.Popen([sys.executable, "-m", "moebench.dispatch", *TINY, "--backend", "alltoall", "--views", "api",
+                          "--warmup-ms", "1000", "--out", str(out)], env=env(), cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        ranks = wait_for(lambda: (lambda k: k if len(k) >= 2 else None)(children_of(p.pid)), 60)
+        assert ranks, "the ranks never started"
+        for _ in range(2):                   # while the ranks start, then while they run
+            time.sleep(1.0)
+            os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 0, err[-3000:]
+    assert [json.loads(line)["check"]["status"] for line in out.read_text().splitlines()] == ["PASS", "PASS"]
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
+@pytest.mark.parametrize("after_s", [0.3, 1.6], ids=["importing", "starting-ranks"])
+def test_ctrl_c_during_start_up_is_one_line_130_and_no_orphan(tmp_path, after_s):
+    p = subprocess.Popen([sys.executable, "-m", "moebench.dispatch", *TINY, "--backend", "alltoall", "--out",
+                          str(tmp_path / "r.jsonl")], env=env(), cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(after_s)
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    if p.returncode == 0:
+        pytest.skip("the run finished before the signal")
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[0].startswith("moebench.dispatch: interrupted by SIGINT"), err[-3000:]
+    assert wait_for(lambda: not group_left(p.pid), 20), "processes outlived the tool"
+
+
+# ---------------------------------------------------------------- nonsense accepted silently
+def test_nonsense_is_refused_naming_the_problem(tmp_path, capsys, monkeypatch):
+    from moebench import check, dispatch, megatron, permute
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)      # Triton on CPU only with its interpreter
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    out = str(tmp_path / "r.jsonl")
+    d = [*TINY, "--backend", "alltoall", "--out", out]
+    cases = [(lambda: dispatch.main([*d, "--views", ","]), ("--views names no view",)),
+             (lambda: dispatch.main([*d, "--knob-sweep"]), ("--knob-sweep", "--sweep")),
+             (lambda: dispatch.main([*d, "--max-cases", "3"]), ("--max-cases", "--sweep")),
+             (lambda: dispatch.main([*d, "--ops-impl", "cuda"]), ("--ops-impl cuda", "CPU")),
+             (lambda: dispatch.main([*d, "--ops-impl", "triton"]), ("--ops-impl triton", "TRITON_INTERPRET")),
+             (lambda: dispatch.main([*d, "--routing", ""]), ("--routing is empty",)),
+             (lambda: dispatch.main([*d, "--routing", f"trace:{fifo}"]), ("found a FIFO",)),
+             (lambda: dispatch.main(["--sweep", str(fifo), "--device", "cpu", "--out", out]), ("FIFO",)),
+             (lambda: permute.main(["--ops-impl", "torch,torch"]), ("names torch twice",)),
+             (lambda: permute.main(["--ops-impl", ""]), ("--ops-impl", "names nothing")),
+             (lambda: permute.main(["--ops-impl", "torch", "--ops", ","]), ("--ops", "names nothing")),
+             (lambda: permute.main(["--ops-impl", "torch", "--shapes", ""]), ("--shapes",)),
+             (lambda: check.main(["-p", ""]), ("-p is empty",)),
+             (lambda: megatron.main(["validate", "--dispatcher", "deepep,deepep"]), ("names deepep twice",)),
+             (lambda: megatron.main(["compare", str(tmp_path / "missing.jsonl")]), ("missing.jsonl: no such file",)),
+             (lambda: megatron.main(["compare", str(fifo)]), ("FIFO",))]
+    if not torch.cuda.is_available():                # a machine without GPUs cannot run moebench's CUDA kernels
+        cases.append((lambda: permute.main(["--ops-impl", "torch,cuda"]), ("--ops-impl cuda", "cannot run")))
+    for main, words in cases:
+        refused_here(main(), capsys, *words)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
+    unknown, baseline = tools(["moebench", "bogus"], ["moebench.check", "-t", "baseline", "--baseline", str(fifo)],
+                              timeout=60)
+    refused(unknown, "unknown tool 'bogus'", "dispatch, permute, check")
+    refused(baseline, "--baseline", "FIFO")                              # it hung reading the FIFO
