@@ -19,6 +19,7 @@ from .checks import baseline, output
 from .checks.registry import FAIL, REGISTRY, Context, SelectionError
 from .harness.spec import add_shape_args
 from .records import provenance
+from .records.reader import RecordError
 
 
 def parser() -> argparse.ArgumentParser:
@@ -53,12 +54,12 @@ def _validate(args) -> None:
     bad_out = cli.first_output_problem([(args.out, "--out"), (args.junit, "--junit")])
     if bad_out:
         raise SelectionError(bad_out)
-    for f in [args.baseline, *(args.results or [])]:
+    for flag, f in [("--baseline", args.baseline), *(("--results", f) for f in args.results or [])]:
         if f:
             try:
                 rows = baseline.read_rows(f)
-            except (OSError, ValueError) as e:
-                raise SelectionError(f"cannot read {f}: {e}") from None
+            except RecordError as e:
+                raise SelectionError(f"{flag} {e}") from None
             if not rows:
                 raise SelectionError(f"{f}: no bandwidth rows in it (a timed PASS moebench.dispatch record, a rows "
                                      "JSONL or a moebench.check --out report with rows): nothing to gate against")

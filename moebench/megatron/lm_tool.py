@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import cli
 from ..core.megatron_map import CONTROL
-from ..records import provenance, schema, writer
+from ..records import provenance, reader, writer
 from ..records.megatron import ARM_SCHEMA, arm_problem
 from . import lm_arm, lm_log, lm_plan, lm_rank
 from .lm_args import LmError, dispatcher_diff, flag_value
@@ -197,8 +197,8 @@ def cmd_compare(args) -> int:
     """Verdicts from the arm records of several launches (`megatron arm`), grouped by validation."""
     recs = []
     for path in args.files:
-        objs = schema.read(path)
-        recs += [{**r, "_file": path, "_line": i + 1} for i, r in enumerate(objs) if r.get("schema") == ARM_SCHEMA]
+        recs += [{**r, "_file": path} for r in reader.read_objects(path, "moebench.megatron compare")
+                 if r.get("schema") == ARM_SCHEMA]
     if not recs:
         raise LmError(f"no Megatron-LM arm records in {', '.join(args.files)} (write them with `megatron arm` or "
                       "`megatron validate`)")
