@@ -73,11 +73,11 @@ def summarize(records: list[dict], view: str = "api") -> dict[str, Summary]:
                 s.status, s.error = "INCOMPLETE", f"no timed dispatch and combine records in the {view} view"
             elif any(t.get(k) is None for t in ts for k in ("p10_us", "p90_us")):
                 s.status, s.error = "INCOMPLETE", f"no p10/p90 spread in the {view} view: its noise is unknown"
+            elif not all(0 < t["p10_us"] <= t["median_us"] <= t["p90_us"] < math.inf for t in ts):
+                s.status, s.error = "REFUSED", f"impossible times in the {view} view (records/reader.py refuses them)"
             else:
                 for key in ("median_us", "p10_us", "p90_us"):
                     setattr(s, key, sum(float(t[key]) for t in ts))
-                if not 0 < s.p10_us <= s.median_us <= s.p90_us < math.inf:     # records/reader.py refuses these
-                    s.status, s.error = "REFUSED", f"impossible times in the {view} view (median {s.median_us} us)"
         out[name] = s
     return out
 

@@ -31,7 +31,7 @@ from .validate import WORKLOAD_KEYS
 MAX_DEPTH = 64                     # records nest a few levels; deeper is no record (and breaks json.dumps later)
 BOM = b"\xef\xbb\xbf"
 KIND_NAMES = {"dispatch": "moebench.dispatch record", "row": "bandwidth row", "check": "moebench.check report",
-              "permute": "moebench.permute record"}
+              "permute": "moebench.permute record", "check-no-rows": "moebench.check report| with no bandwidth rows"}
 _SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
@@ -190,6 +190,8 @@ def _records(path, kinds, need) -> tuple[list[dict], list[Bad], dict]:
             rows, problems = validate.report_rows(obj)
             out += [{**row, "_file": p, "_line": n} for row in rows]
             bad += [Bad(p, n, q.why, q.figure) for q in problems]
+            if not rows and not problems:
+                other["check-no-rows"] = other.get("check-no-rows", 0) + 1
         elif k not in kinds:
             other[k] = other.get(k, 0) + 1
         elif q := _problem(obj, k, need):
@@ -204,10 +206,16 @@ def _nothing_usable(what: str, bad: list[Bad], other: dict) -> str:
         n = len(bad) - 1
         return f"no usable {what}: {bad[0]}" + (f" (and {n} more malformed line{'s' if n > 1 else ''})" if n else "")
     if other:
-        held = ", ".join(f"{n} {KIND_NAMES.get(k, f'{k} record' if '/' in k else 'object of no known kind')}"
-                         f"{'s' if n > 1 else ''}" for k, n in other.items())
+        held = ", ".join(_plural(KIND_NAMES.get(k, f"{k} record" if "/" in k else "object of no known kind"), n)
+                         for k, n in other.items())
         return f"no {what} (it holds {held})"
     return f"no {what} (it is empty)"
+
+
+def _plural(name: str, n: int) -> str:
+    """'1 name' or 'n names' ('|' marks where the plural's s goes when not at the end)."""
+    head, _, tail = name.partition("|")
+    return f"{n} {head}{'' if n == 1 else 's'}{tail}"
 
 
 def read(paths, tool: str | None, kinds=("dispatch",), need=WORKLOAD_KEYS, verdict: bool = False,
@@ -218,7 +226,7 @@ def read(paths, tool: str | None, kinds=("dispatch",), need=WORKLOAD_KEYS, verdi
     tool reads; verdict: refuse a record with an impossible figure instead of skipping it; require: a
     file without any usable record is refused, saying what it holds.
     Raises RecordError (one line)."""
-    names = [KIND_NAMES[k] + "s" for k in kinds]
+    names = [_plural(KIND_NAMES[k], 2).removeprefix("2 ") for k in kinds]
     what = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
     out, skipped = [], []
     for path in paths:
