@@ -156,7 +156,8 @@ def load_document(path):
         try:
             return parse(text)
         except Unreadable as e:
-            raise RecordError(f"{p}: {e}") from None
+            lines = "; it is one JSON document, not JSON lines" if str(e).startswith("more than one") else ""
+            raise RecordError(f"{p}: {e}{lines}") from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -206,7 +207,7 @@ def _nothing_usable(what: str, bad: list[Bad], other: dict) -> str:
         n = len(bad) - 1
         return f"no usable {what}: {bad[0]}" + (f" (and {n} more malformed line{'s' if n > 1 else ''})" if n else "")
     if other:
-        held = ", ".join(_plural(KIND_NAMES.get(k, f"{k} record" if "/" in k else "object of no known kind"), n)
+        held = ", ".join(_plural(KIND_NAMES.get(k, f"{k[:40]} record" if "/" in k else "object of no known kind"), n)
                          for k, n in other.items())
         return f"no {what} (it holds {held})"
     return f"no {what} (it is empty)"

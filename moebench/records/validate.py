@@ -127,6 +127,8 @@ def _timing(t, where: str = "timing.") -> Problem | None:
         return None
     if not isinstance(t, dict):
         return Problem(f"{where[:-1]} is {show(t)}, not an object")
+    if t.get("median_us") is None:              # a timing without its figure: no record has one
+        return Problem(f"{where}median_us is {'missing' if 'median_us' not in t else 'null'}")
     return (_figures(t, TIMES, where) or _samples(t, where) or _count(t, "iters", where) or _ordered(t, where))
 
 
@@ -166,9 +168,9 @@ def _overlap(o) -> Problem | None:
         return None
     if not isinstance(o, dict):
         return Problem(f"overlap is {show(o)}, not an object")
-    missing = next((k for k in (*OVERLAP_TIMES, "exposed_us", "gemm") if k not in o), None)
+    missing = next((k for k in (*OVERLAP_TIMES, "exposed_us", "gemm") if o.get(k) is None), None)
     if missing:
-        return Problem(f"overlap.{missing} is missing")
+        return Problem(f"overlap.{missing} is {'missing' if missing not in o else 'null'}")
     return (_typed(o, "gemm", "overlap.", str, "a string") or _figures(o, OVERLAP_TIMES, "overlap.")
             or figure("overlap.exposed_us", o["exposed_us"], signed=True))
 

@@ -87,6 +87,8 @@ MALFORMED = [
     (changed("check", None), "check is null, not an object"),
     (changed("check.status", DROP), "check.status is missing"),
     (changed("timing", "fast"), "timing is 'fast', not an object"),
+    (changed("timing.median_us", DROP), "timing.median_us is missing"),
+    (changed("timing.median_us", None), "timing.median_us is null"),
     (changed("timing.samples_us", "many"), "timing.samples_us is 'many', not a list"),
     (changed("timing.iters", "5"), "timing.iters is '5', not an integer"),
     (changed("views", {"graph": "fast"}), "views.graph is 'fast', not an object"),
