@@ -209,7 +209,7 @@ def _nothing_usable(what: str, bad: list[Bad], other: dict) -> str:
     if other:
         held = ", ".join(_plural(KIND_NAMES.get(k, f"{k[:40]} record" if "/" in k else "object of no known kind"), n)
                          for k, n in other.items())
-        return f"no {what} (it holds {held})"
+        return f"no {what} (it holds {held}, not {what})" if " or " not in what else f"no {what} (it holds only {held})"
     return f"no {what} (it is empty)"
 
 

@@ -175,12 +175,13 @@ FILES = [
     (lambda p: p.write_bytes(b""), "no moebench.dispatch records (it is empty)"),
     (lambda p: p.write_bytes(b"\n \n\t\n"), "no moebench.dispatch records (it is empty)"),
     (lambda p: p.write_text(json.dumps({"schema": "moebench.check/1", "results": []}, indent=1)),
-     "no moebench.dispatch records (it holds 1 moebench.check report)"),
+     "no moebench.dispatch records (it holds 1 moebench.check report, not moebench.dispatch records)"),
     (lambda p: p.write_text(json.dumps({"results": [{"details": {}}]}) + "\n" + json.dumps({"results": []})),
-     ("no moebench.dispatch records, bandwidth rows or moebench.check reports (it holds 2 moebench.check reports "
-      "with no bandwidth rows)")),
+     ("no moebench.dispatch records, bandwidth rows or moebench.check reports (it holds only 2 moebench.check "
+      "reports with no bandwidth rows)")),
     (lambda p: p.write_text('{"schema": "moebench.permute/1"}\n{"tool": "moebench.permute"}\n{"a": 1}\n'),
-     "no moebench.dispatch records (it holds 2 moebench.permute records, 1 object of no known kind)"),
+     ("no moebench.dispatch records (it holds 2 moebench.permute records, 1 object of no known kind, not "
+      "moebench.dispatch records)")),
 ]
 
 
