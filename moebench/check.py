@@ -17,10 +17,10 @@ import sys
 from . import checks, cli
 from .checks import baseline, output
 from .checks.registry import FAIL, REGISTRY, Context, SelectionError
-from .core.workload import not_a_file
 from .env import launcher
 from .harness.spec import add_shape_args
 from .records import provenance, tables
+from .records.reader import RecordError
 
 
 def parser() -> argparse.ArgumentParser:
@@ -69,14 +69,12 @@ def _validate(args) -> None:
     bad_out = cli.first_output_problem([(args.out, "--out"), (args.junit, "--junit")]) or launcher.problem()
     if bad_out or (bad_out := _size_problem(args)):
         raise SelectionError(bad_out)
-    for f in [args.baseline, *(args.results or [])]:
+    for flag, f in [("--baseline", args.baseline), *(("--results", f) for f in args.results or [])]:
         if f:
-            if not_a_file(f):                # a FIFO would hang the read: say what it is instead
-                raise SelectionError(f"{'--baseline' if f == args.baseline else '--results'} {f}: {not_a_file(f)}")
             try:
                 rows = baseline.read_rows(f)
-            except (OSError, ValueError) as e:
-                raise SelectionError(f"cannot read {f}: {e}") from None
+            except RecordError as e:
+                raise SelectionError(f"{flag} {e}") from None
             if not rows:
                 raise SelectionError(f"{f}: no bandwidth rows in it (a timed PASS moebench.dispatch record, a rows "
                                      "JSONL or a moebench.check --out report with rows): nothing to gate against")

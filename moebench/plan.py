@@ -28,9 +28,10 @@ from . import cli
 from .core import ceilings, traffic
 from .core.workload import DTYPES, Workload, WorkloadError, make_routing
 from .harness.spec import add_shape_args
-from .records import schema
+from .records import reader, schema
 
 SAMPLE_BUDGET = 1 << 25        # routing scores generated at most (EP ranks x tokens x experts)
+PLAN_NEEDS = ("num_tokens", "hidden", "topk", "dtype")   # the workload keys measured_links reads
 
 
 def layout(gpus: int, gpn: int, ep: int, tp: int = 1, etp: int | None = None, pp: int = 1) -> dict:
@@ -247,8 +248,8 @@ def _read(paths: list[str]) -> list[dict]:
     """The records of --results that are measurements: CPU and shared-GPU records are functional only
     (left out with a note; refused when nothing else is there)."""
     try:
-        recs = schema.read_dispatch(paths, require=True)
-    except (OSError, ValueError) as e:
+        recs = reader.read_dispatch(paths, "moebench.plan", need=PLAN_NEEDS, verdict=True)
+    except reader.RecordError as e:
         raise WorkloadError(f"--results {e}") from None
     if not (recs := schema.performance_only(recs, "plan --results")):
         raise WorkloadError(f"--results: every record is {schema.FUNCTIONAL_NOTE}: measure on the target GPUs "

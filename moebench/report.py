@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -32,8 +33,9 @@ from .core.workload import describe
 from .records import knobs, schema
 from .records.plots import METRICS, PlotError, plot_bandwidth, plot_overlap
 from .harness.views import SAMPLED as SAMPLED_VIEWS
-from .records.schema import PHASES, read_dispatch
-from .records.tables import shorten, sig3
+from .records.reader import read_dispatch
+from .records.schema import PHASES
+from .records.tables import format_best, shorten, sig3
 
 Z95 = 1.959964
 
@@ -213,13 +215,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _is_path(name: str) -> bool:
+    """--compare's A or B names a file (present or not) rather than a backend."""
+    return os.path.lexists(name) or os.sep in name or bool(Path(name).suffix)
+
+
 def _compare_inputs(args) -> tuple[list[dict], list[dict], str, str, bool]:
+    """Two files (each read on its own), or two backends of FILE...: a figure no verdict can take refuses."""
     a, b = args.compare
-    if Path(a).is_file() and Path(b).is_file():
-        return read_dispatch([a], require=True), read_dispatch([b], require=True), a, b, False
+    if _is_path(a) or _is_path(b):
+        ra, rb = (read_dispatch([f], "moebench.report", verdict=True) for f in (a, b))
+        return ra, rb, a, b, False
     if not args.files:
-        raise ReportError(f"--compare {a} {b}: not two files, so give FILE... holding backends {a} and {b}")
-    recs = read_dispatch(args.files, require=True)
+        raise ReportError(f"--compare {a} {b}: neither names a file, so give FILE... holding backends {a} and {b}")
+    recs = read_dispatch(args.files, "moebench.report", verdict=True)
     names = {schema.name(r) for r in recs}
     for n in (a, b):
         if n not in names:
@@ -247,14 +256,14 @@ def run(args) -> int:
         return 0
     if not args.files:
         raise ReportError("give one or more JSONL files")
-    recs = read_dispatch(args.files, require=True)
+    recs = read_dispatch(args.files, "moebench.report")
     if args.best_knobs:
         best = knobs.best_knobs(recs)
         print(json.dumps(best, indent=1) if args.json else
-              tables.format_best(best, "github" if args.markdown else "simple") if best else "# no knob settings")
+              format_best(best, "github" if args.markdown else "simple") if best else "# no knob settings")
     elif args.json:
-        print(json.dumps([{k: v for k, v in r.items() if k not in ("_file", "_runs")} for r in schema.latest(recs)],
-                         indent=1))
+        print(json.dumps([{k: v for k, v in r.items() if k not in ("_file", "_line", "_runs")}
+                          for r in schema.latest(recs)], indent=1))
     else:
         print(tables(recs, args.markdown))
     if args.plot:

@@ -10,14 +10,13 @@ Row identity (one for every source of bandwidth figures):
   {"workload": "p2p 268435456 B", "backend": "sm-copy", "phase": "0->1", "GBps": 389.2}.
 A baseline FILE may be a dispatch JSONL, a JSONL of such rows, or a `moebench.check --out` report.
 A row whose figure fell by more than the threshold (default 10%) FAILs the gate, naming the row and
-both figures; rows present on one side only are listed, not failed.
+both figures; rows present on one side only are listed, not failed. Files are read by records/reader.py:
+a malformed line is skipped and counted, a figure that is not a finite number > 0 refuses the file (no
+gate is drawn from it); such a figure among this run's own rows FAILs the gate.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from ..records import schema
+from ..records import reader, schema, validate
 from .registry import Context, failed, passed, register, waived
 
 DEFAULT_THRESHOLD_PCT = 10.0
@@ -29,12 +28,12 @@ def workload_key(w: dict) -> str:
 
 
 def rows_from_records(records: list[dict]) -> list[dict]:
-    """Bandwidth rows from moebench.dispatch records (timed, checked ones only)."""
+    """Bandwidth rows from moebench.dispatch records (timed, checked ones that moved bytes)."""
     rows = []
     for r in records:
         t = schema.traffic(r)
         gbps = t.get("algbw_GBps") if t.get("algbw_GBps") is not None else t.get("busbw_GBps")
-        if not r.get("timing") or gbps is None or schema.status(r) != "PASS":
+        if not r.get("timing") or gbps is None or not gbps > 0 or schema.status(r) != "PASS":
             continue
         b = r["backend"]
         mode = (b.get("knobs") or {}).get("mode")
@@ -48,26 +47,11 @@ def row_key(row: dict) -> str:
     return f"{row['workload']} | {row['backend']} | {row['phase']}"
 
 
-def _rows_of(obj) -> list[dict]:
-    if isinstance(obj, dict) and "results" in obj:             # a moebench.check --out report
-        return [r for res in obj["results"] for r in (res.get("details") or {}).get("rows", [])]
-    if isinstance(obj, dict) and "traffic" in obj and "workload" in obj:   # a dispatch record
-        return rows_from_records([obj])
-    if isinstance(obj, dict) and {"workload", "backend", "phase", "GBps"} <= set(obj):
-        return [obj]
-    return []
-
-
-def read_rows(path: str | Path) -> list[dict]:
-    """Bandwidth rows from a dispatch JSONL, a rows JSONL or a check JSON report."""
-    try:
-        return _rows_of(json.loads(Path(path).read_text()))
-    except json.JSONDecodeError:
-        pass
-    objs = schema.read(path)     # a garbled line is skipped with a note; a file of nothing else is bad input
-    if not objs and Path(path).stat().st_size:
-        raise ValueError(f"{path}: no JSON records in it")
-    return [row for obj in objs for row in _rows_of(obj)]
+def read_rows(path, tool: str | None = "moebench.check") -> list[dict]:
+    """Bandwidth rows from a dispatch JSONL, a rows JSONL or a check JSON report, in file order.
+    tool: the name of the note on stderr about skipped lines (None: no note). Raises reader.RecordError."""
+    objs = reader.read([path], tool, kinds=("dispatch", "row", "check"), verdict=True)
+    return [row for o in objs for row in ([o] if validate.kind(o) == "row" else rows_from_records([o]))]
 
 
 def compare(baseline: list[dict], current: list[dict], threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> dict:
@@ -82,7 +66,7 @@ def compare(baseline: list[dict], current: list[dict], threshold_pct: float = DE
     b, c = best(baseline), best(current)
     compared, regressions = [], []
     for k in sorted(b.keys() & c.keys()):
-        change = (c[k] - b[k]) / b[k] * 100.0 if b[k] else 0.0
+        change = (c[k] - b[k]) / b[k] * 100.0
         item = {"row": k, "baseline_GBps": b[k], "current_GBps": c[k], "change_pct": round(change, 2)}
         compared.append(item)
         if -change > threshold_pct:
@@ -101,10 +85,15 @@ def check_baseline(ctx: Context):
     o = ctx.options
     if not getattr(o, "baseline", None):
         return waived("no --baseline FILE given")
-    base = read_rows(o.baseline)
+    base = read_rows(o.baseline, None)     # check.py read it before any check ran: refused, or skipped lines noted
     current = [r for res in ctx.results for r in res.rows]
+    impossible = [" | ".join(str(r.get(k)) for k in ("workload", "backend", "phase")) + f": {p.why}"
+                  for r in current if (p := validate.row_problem(r))]
+    if impossible:
+        return failed(f"{len(impossible)} row(s) of this run hold no usable figure, so no gate: "
+                      + "; ".join(impossible[:3]))
     for f in getattr(o, "results", None) or []:
-        current += read_rows(f)
+        current += read_rows(f, None)
     if base and all(r.get("functional") for r in base):
         return failed(f"--baseline {o.baseline}: every row is {schema.FUNCTIONAL_NOTE}; gate against a GPU run")
     dropped = sum(1 for r in current if r.get("functional"))

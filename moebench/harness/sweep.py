@@ -18,21 +18,22 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import sys
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..backends.base import REGISTRY, knob_problem
 from ..cli import Interrupted, count
-from ..core.workload import Workload, WorkloadError, not_a_file
+from ..core.workload import Workload, WorkloadError
 from ..env.toolkit import SWEEPS_DIR
-from ..records import schema, writer
+from ..records import reader, schema, writer
 from ..records.knobs import best_knobs
-from ..records.schema import knobs_of, read_dispatch
+from ..records.schema import knobs_of
 from ..records.tables import format_best, sig3
+from ..records.validate import COUNT_MAX, show
 from .runner import run_case
 from .spec import RunSpec
 
@@ -86,10 +87,10 @@ def known() -> list[str]:
 
 def resolve(name: str) -> Path:
     p = Path(name)
-    if p.suffix in (".toml", ".json") or os.sep in name:
-        if not not_a_file(p):
-            return p
-        raise WorkloadError(f"sweep file {name}: {not_a_file(p)}")
+    if p.suffix in (".toml", ".json") or os.sep in name or (os.path.lexists(p) and name not in known()):
+        if os.path.lexists(p):
+            return p                   # the reader says what is wrong with it, if anything
+        raise WorkloadError(f"sweep file {name}: no such file")
     for suffix in (".toml", ".json"):
         if (SWEEPS_DIR / (name + suffix)).is_file():
             return SWEEPS_DIR / (name + suffix)
@@ -100,9 +101,11 @@ def load(name: str) -> Sweep:
     """Read and check a sweep definition; bad content raises WorkloadError (one line)."""
     path = resolve(name)
     try:
-        raw = tomllib.loads(path.read_text()) if path.suffix == ".toml" else json.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, OSError) as e:
-        raise WorkloadError(f"sweep {path}: cannot parse: {e}") from None
+        raw = reader.load_document(path)
+    except reader.RecordError as e:
+        raise WorkloadError(f"sweep {e}") from None
+    if not isinstance(raw, dict):
+        raise WorkloadError(f"sweep {path}: holds {show(raw)}, not an object of sweep settings")
     unknown = set(raw) - set(SHAPE_KEYS) - {"description", "knobs"}
     if unknown:
         raise WorkloadError(f"sweep {path}: unknown keys {sorted(unknown)} (known: {', '.join(SHAPE_KEYS)}, "
@@ -113,14 +116,21 @@ def load(name: str) -> Sweep:
     axes = {k: (raw[k] if isinstance(raw[k], list) else [raw[k]]) for k in SHAPE_KEYS if k in raw}
     for k, values in axes.items():
         want = str if k in ("routing", "dtype") else int
-        bad = [v for v in values if not isinstance(v, want) or isinstance(v, bool)]
+        bad = [v for v in values if not isinstance(v, want) or isinstance(v, bool)
+               or (want is int and not 0 <= v <= COUNT_MAX)]
         if bad:
-            raise WorkloadError(f"sweep {path}: {k} must be {'a string' if want is str else 'an integer'} "
-                                f"(or a list of them), got {bad[0]!r}")
+            raise WorkloadError(f"sweep {path}: {k} must be {'a string' if want is str else 'an integer up to 2^63-1'} "
+                                f"(or a list of them), got {show(bad[0])}")
+    if not isinstance(raw.get("description", ""), str):
+        raise WorkloadError(f"sweep {path}: description must be a string, got {show(raw['description'])}")
     knobs = raw.get("knobs", {})
     if not isinstance(knobs, dict) or not all(isinstance(v, dict) for v in knobs.values()):
         raise WorkloadError(f"sweep {path}: [knobs.BACKEND] tables expected")
     knobs = {b: {k: (v if isinstance(v, list) else [v]) for k, v in kv.items()} for b, kv in knobs.items()}
+    odd = next(((b, k, v) for b, kv in knobs.items() for k, vs in kv.items() for v in vs
+                if not isinstance(v, (str, int, float)) or isinstance(v, float) and not math.isfinite(v)), None)
+    if odd:
+        raise WorkloadError(f"sweep {path}: [knobs.{odd[0]}] {odd[1]}: {show(odd[2])} is no knob value")
     for b, kv in knobs.items():
         bad = (f"unknown backend {b!r} (known: {', '.join(REGISTRY)})" if b not in REGISTRY else
                next((m for k, vs in kv.items() for v in vs if (m := knob_problem({k: v}, (b,), ""))), ""))
@@ -157,8 +167,14 @@ def knob_stages(axes: dict, best: dict) -> list[list[dict]]:
 
 
 def read_existing(path: str) -> list[dict]:
-    """Records already in the JSONL (a line cut short by a kill is skipped with a note)."""
-    return read_dispatch([path]) if Path(path).is_file() else []
+    """Records already in the JSONL: a line cut short by a kill, or any line no record can be read from, is
+    skipped with a note and its case runs again; an output that is no regular file (/dev/null) holds none."""
+    if not Path(path).is_file():
+        return []
+    try:
+        return reader.read_dispatch([path], "moebench.dispatch --sweep (resume)", need=(), require=False)
+    except reader.RecordError as e:           # a file it can write and not read
+        raise WorkloadError(f"--out {e}") from None
 
 
 def label(s: Sweep, case: Case) -> str:
@@ -333,6 +349,7 @@ def main_sweep(args) -> int:
     """`python -m moebench.dispatch --sweep NAME [--knob-sweep] [--max-cases N]`."""
     try:
         s, wls, base = _setup(args)
+        existing = read_existing(base.out)
     except WorkloadError as e:
         print(f"moebench.dispatch: error: {e}", file=sys.stderr)
         return 2
@@ -346,7 +363,7 @@ def main_sweep(args) -> int:
     print(f"# sweep {s.name}: {s.description} | {len(wls)} workloads x {', '.join(names)}"
           f"{' (knob sweep)' if args.knob_sweep else ''} = {total} cases, EP {args.ep}, device {device},"
           f" results -> {out}")
-    runner = SweepState(base, s, read_existing(out), works, args.max_cases, args.redo_failed)
+    runner = SweepState(base, s, existing, works, args.max_cases, args.redo_failed)
     try:
         walk(runner, s, wls, names, args.knob_sweep)
     except KeyboardInterrupt as e:

@@ -22,6 +22,7 @@ a decision labelled benchmark-only.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from ..core import megatron_map
@@ -70,6 +71,10 @@ def summarize(records: list[dict], view: str = "api") -> dict[str, Summary]:
             ts = [schema.view_timing(r, view) if r else None for r in recs]
             if not all(ts):
                 s.status, s.error = "INCOMPLETE", f"no timed dispatch and combine records in the {view} view"
+            elif any(t.get(k) is None for t in ts for k in ("p10_us", "p90_us")):
+                s.status, s.error = "INCOMPLETE", f"no p10/p90 spread in the {view} view: its noise is unknown"
+            elif not all(0 < t["p10_us"] <= t["median_us"] <= t["p90_us"] < math.inf for t in ts):
+                s.status, s.error = "REFUSED", f"impossible times in the {view} view (records/reader.py refuses them)"
             else:
                 for key in ("median_us", "p10_us", "p90_us"):
                     setattr(s, key, sum(float(t[key]) for t in ts))
@@ -194,7 +199,7 @@ def decisions_from_results(records: list[dict], version: str, overlap: bool = Fa
             sms = sms if sms is not None else _knob_sms(won.knobs)
             domain_env = BACKENDS[d["winner"]].domain_env
             env_domain = won.env.get(domain_env) if domain_env else None
-        domain = int(env_domain) if env_domain else min(w["ep"], w.get("gpus_per_node", w["ep"]))
+        domain = _count(env_domain) or min(w["ep"], w.get("gpus_per_node", w["ep"]))
         ov = _overlap_verdict(recs, d) if overlap else None
         flags = megatron_flags(d["winner"], version, sms if BACKENDS[d["winner"]].flex else None,
                                bool(ov and ov["on"]), ep=w["ep"], ranks_per_nvlink_domain=domain,
@@ -227,11 +232,16 @@ def _best_setting_only(recs: list[dict]) -> tuple[list[dict], dict[str, dict]]:
     return kept, best
 
 
+def _count(v) -> int | None:
+    """A count a record gives as a JSON integer or a string of digits (environment values), else None."""
+    if isinstance(v, str) and v.isascii() and v.isdigit() and len(v) < 19:
+        v = int(v)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else None
+
+
 def _knob_sms(knobs: dict) -> int | None:
-    for k in ("num_sms", "moe_flex_dispatcher_num_sms", "moe_deepep_num_sms", "moe_hybridep_num_sms"):
-        if knobs.get(k) is not None:
-            return int(knobs[k])
-    return None
+    keys = ("num_sms", "moe_flex_dispatcher_num_sms", "moe_deepep_num_sms", "moe_hybridep_num_sms")
+    return next((n for k in keys if (n := _count(knobs.get(k))) is not None), None)
 
 
 def format_decision(d: dict) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import cli
 from ..core.megatron_map import CONTROL
-from ..records import provenance, schema, tables, writer
+from ..records import provenance, reader, tables, writer
 from ..records.megatron import ARM_SCHEMA, arm_problem
 from . import lm_arm, lm_log, lm_plan, lm_rank
 from .lm_args import LmError, dispatcher_diff, flag_value
@@ -197,11 +197,8 @@ def cmd_compare(args) -> int:
     """Verdicts from the arm records of several launches (`megatron arm`), grouped by validation."""
     recs = []
     for path in args.files:
-        try:
-            objs = schema.read(path)
-        except OSError as e:                 # a missing file, a directory, a FIFO: said as what it is
-            raise LmError(str(e) if str(e).startswith(str(path)) else f"{path}: {e.strerror or e}") from None
-        recs += [{**r, "_file": path, "_line": i + 1} for i, r in enumerate(objs) if r.get("schema") == ARM_SCHEMA]
+        recs += [{**r, "_file": path} for r in reader.read_objects(path, "moebench.megatron compare")
+                 if r.get("schema") == ARM_SCHEMA]
     if not recs:
         raise LmError(f"no Megatron-LM arm records in {', '.join(args.files)} (write them with `megatron arm` or "
                       "`megatron validate`)")

@@ -24,7 +24,8 @@ from ..core.megatron_map import BACKENDS, CONTROL
 from ..env import launcher
 from ..env.toolkit import dist_version
 from ..harness.views import SAMPLED as SAMPLED_VIEWS
-from ..records.schema import FUNCTIONAL_NOTE, performance_only, read_dispatch
+from ..records.reader import RecordError, read_dispatch
+from ..records.schema import FUNCTIONAL_NOTE, performance_only
 from . import ab
 from . import flags as F
 from ..records.megatron import FlagsReport
@@ -142,8 +143,8 @@ def cmd_flags(args) -> int:
     F.parse_version(version)
     if args.results:
         try:
-            recs = read_dispatch([args.results], require=True)
-        except (OSError, ValueError) as e:
+            recs = read_dispatch([args.results], "moebench.megatron flags", verdict=True)
+        except RecordError as e:
             raise F.FlagsError(f"--results {e}") from None
         if not (recs := performance_only(recs, "megatron flags")):
             raise F.FlagsError(f"every record in {args.results} is {FUNCTIONAL_NOTE}: measure on the target GPUs")
@@ -167,8 +168,9 @@ def candidates(args) -> list[str]:
         return [d for d in args.dispatcher if d != CONTROL]
     version = dist_version("megatron-core") or "0.19.0"
     try:
-        recs = performance_only(read_dispatch([args.results], require=True), "megatron validate")
-    except (OSError, ValueError) as e:
+        recs = performance_only(read_dispatch([args.results], "moebench.megatron validate", verdict=True),
+                                "megatron validate")
+    except RecordError as e:
         raise F.FlagsError(f"--results {e}") from None
     winners = {d["winner"] for d in ab.decisions_from_results(recs, version)} - {CONTROL}
     if not winners:
@@ -230,6 +232,6 @@ def main(argv: list[str] | None = None) -> int:
                 raise LmError(f"--window {args.window} must be below --iters {args.iters}")
             return lm_tool.cmd_arm(args)
         return lm_tool.cmd_compare(args)
-    except (F.FlagsError, LmError) as e:
+    except (F.FlagsError, LmError, RecordError) as e:
         print(f"moebench.megatron {args.cmd}: error: {e}", file=sys.stderr)
         return 2

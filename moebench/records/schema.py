@@ -1,5 +1,5 @@
-"""moebench's records: one dataclass per tool's JSONL record, one reader, and the accessors that
-report, flags, plan, knobs and the checks read records through.
+"""moebench's records: one dataclass per tool's JSONL record, and the accessors that report, flags,
+plan, knobs and the checks read records through (records/reader.py reads them back and checks them).
 
 Units live in key names (_us, _GBps, _bytes). A record is written as its dataclass's dict; readers
 get plain dicts back (older files may lack newer fields: the accessors give their defaults).
@@ -7,14 +7,11 @@ get plain dicts back (older files may lack newer fields: the accessors give thei
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 
-from ..core.workload import not_a_file
 from .shapes import quantile
-from pathlib import Path
 
 SCHEMA = "moebench.result/1"           # moebench.dispatch, one record per case x backend x phase
 PERMUTE_SCHEMA = "moebench.permute/1"  # moebench.permute, one record per shape x impl x op
@@ -82,61 +79,6 @@ class PermuteRecord:
     def asdict(self) -> dict:
         return _compact(asdict(self), ("timing", "bytes", "GBps", "frac_of_copy", "speedup_vs_megatron",
                                        "speedup_vs_te", "source", "kernels", "host_us", "end_utc"))
-
-
-# ---- reading -------------------------------------------------------------------------------------
-
-def _lines(path: str | os.PathLike) -> tuple[list[dict], list[int]]:
-    """(the JSON objects of a JSONL file, the numbers of the non-empty lines that are not one)."""
-    p = Path(path)
-    why = not_a_file(p)
-    if why == "a directory":
-        raise IsADirectoryError(f"{path}: is a directory, not a JSONL file")
-    if why:
-        raise FileNotFoundError(f"{path}: {why}")
-    out, bad = [], []
-    with p.open(errors="replace") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                obj = None
-            (out.append(obj) if isinstance(obj, dict) else bad.append(n))
-    return out, bad
-
-
-def read(path: str | os.PathLike) -> list[dict]:
-    """Every JSON object of a JSONL file, in order. A line that is not a JSON object (cut short by a
-    killed run, garbled) is skipped with a note on stderr; it never raises for a bad line.
-    A missing file raises FileNotFoundError('PATH: no such file'), a directory IsADirectoryError."""
-    out, bad = _lines(path)
-    for n in bad:
-        print(f"# {path}:{n}: skipped a line that is not a JSON record", file=sys.stderr)
-    return out
-
-
-def is_dispatch(r: dict) -> bool:
-    """A moebench.dispatch record (by shape: files written before the schema field was exact)."""
-    return isinstance(r, dict) and "workload" in r and "backend" in r and r.get("schema") != PERMUTE_SCHEMA
-
-
-def read_dispatch(paths, require: bool = False) -> list[dict]:
-    """The moebench.dispatch records of several JSONL files, each tagged `_file` with its path.
-    require: a file without any raises ValueError saying what it holds instead (offline inputs)."""
-    out = []
-    for path in paths:
-        objs, bad = _lines(path)
-        mine = [{**r, "_file": str(path)} for r in objs if is_dispatch(r)]
-        if require and not mine:
-            what = ("it is empty" if not objs and not bad else f"{len(bad)} line(s) are not JSON objects" if not objs else
-                    f"its {len(objs)} JSON record(s) are not moebench.dispatch records")
-            raise ValueError(f"{path}: no moebench.dispatch records ({what})")
-        for n in bad:
-            print(f"# {path}:{n}: skipped a line that is not a JSON record", file=sys.stderr)
-        out += mine
-    return out
 
 
 # ---- accessors -----------------------------------------------------------------------------------

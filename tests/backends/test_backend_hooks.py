@@ -136,7 +136,7 @@ def test_dispatch_cli_runs_the_simulated_backends(sim, tmp_path):
     import sys
 
 
-    from moebench.records.schema import read
+    from moebench.records.reader import read_objects as read
     out = tmp_path / "r.jsonl"
     env = {**os.environ, "PYTHONPATH": f"{FAKES}{os.pathsep}{ROOT}"}
     p = subprocess.run([sys.executable, "-m", "moebench.dispatch", *SMALL, "--hidden", "2048", "--backend",

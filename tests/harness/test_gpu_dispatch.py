@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from moebench import dispatch
-from moebench.records.schema import read as read_records
+from moebench.records.reader import read_objects as read_records
 
 
 def run(tmp_path, *argv):

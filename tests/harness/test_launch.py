@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from conftest import SMALL, alive, children_of, fake_env, wait_for
 from moebench.harness.launch import LaunchError, run_ranks
-from moebench.records.schema import read as read_records
+from moebench.records.reader import read_objects as read_records
 
 
 def sum_ranks(ctx):

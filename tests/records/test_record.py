@@ -1,57 +1,20 @@
-"""Records: their shape, whole-line writes after a kill, and resumes that do not repeat WAIVED records."""
+"""Records: their shape, whole-line writes after a kill, and resumes that do not repeat WAIVED records
+(reading them back: test_reader.py)."""
 import json
 
 import pytest
 
 from conftest import ROOT
 from moebench import dispatch
-from moebench.checks import baseline
 from moebench.records import schema
 from moebench.records import writer
-from moebench.records.schema import read as read_records
+from moebench.records.reader import read_objects as read_records
 
 
 def _dispatch(name="alltoall", status="PASS", median=10.0, device="cuda"):
     return {"schema": schema.SCHEMA, "workload": {"num_tokens": 8}, "backend": {"name": name}, "device": device,
             "phase": "dispatch", "check": {"status": status, "error": None},
             "timing": {"median_us": median} if median is not None else None}
-
-
-def test_reader_skips_garbage_and_a_partial_last_line(tmp_path, capsys):
-    f = tmp_path / "r.jsonl"
-    good = [_dispatch("alltoall"), _dispatch("deepep")]
-    f.write_text(json.dumps(good[0]) + "\n" + "garbage \x00 line\n" + "[1, 2]\n\n" + json.dumps(good[1]) + "\n"
-                 + json.dumps(good[0])[:25])
-    got = schema.read(f)
-    assert got == good
-    err = capsys.readouterr().err
-    assert err.count("skipped a line") == 3 and f"{f}:2:" in err and f"{f}:6:" in err
-
-
-def test_reader_missing_file_and_dispatch_filter(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no such file"):
-        schema.read(tmp_path / "nope.jsonl")
-    f = tmp_path / "mixed.jsonl"
-    permute_rec = {"schema": schema.PERMUTE_SCHEMA, "workload": {}, "backend": {}}
-    f.write_text("\n".join(json.dumps(r) for r in (_dispatch(), permute_rec, {"workload": 1})) + "\n")
-    got = schema.read_dispatch([f])
-    assert [schema.name(r) for r in got] == ["alltoall"] and got[0]["_file"] == str(f)
-
-
-def test_consumers_share_the_reader(tmp_path):
-    """check --baseline accepts the same partly garbled file that report accepts."""
-    f = tmp_path / "r.jsonl"
-    r = _dispatch()
-    r.update(workload={"num_tokens": 8, "hidden": 16, "num_experts": 4, "topk": 2, "ep": 1, "dtype": "bf16",
-                       "routing": "uniform", "seed": 0, "gpus_per_node": 8},
-             traffic={"algbw_GBps": 5.0})
-    f.write_text(json.dumps(r) + "\n" + '{"cut sh')
-    assert [row["GBps"] for row in baseline.read_rows(f)] == [5.0]
-    assert len(schema.read_dispatch([f])) == 1
-    junk = tmp_path / "junk.jsonl"
-    junk.write_text("not json at all\n")
-    with pytest.raises(ValueError, match="no JSON records"):
-        baseline.read_rows(junk)
 
 
 def test_schema_names_and_accessors():
@@ -82,7 +45,7 @@ def test_append_after_a_cut_line_keeps_every_new_record(tmp_path):
     out = tmp_path / "r.jsonl"
     out.write_text(json.dumps({"a": 1}) + "\n" + '{"schema": "moebench.res')     # a kill mid-write
     writer.write_jsonl(out, [{"b": 2}, {"c": 3}])
-    assert read_records(out) == [{"a": 1}, {"b": 2}, {"c": 3}]
+    assert [{k: v for k, v in r.items() if k != "_line"} for r in read_records(out)] == [{"a": 1}, {"b": 2}, {"c": 3}]
     assert out.read_text().endswith("\n") and out.read_text().count("\n") == 4
 
 

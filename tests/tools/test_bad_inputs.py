@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import FAKES, ROOT, alive, children_of, wait_for
+from conftest import FAKES, ROOT, children_of, wait_for
 from moebench import cli
 from moebench.env.toolkit import installed
 from moebench.records import writer

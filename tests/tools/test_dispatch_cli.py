@@ -7,7 +7,7 @@ import pytest
 
 from moebench import dispatch
 from moebench.records import schema
-from moebench.records.schema import read as read_records
+from moebench.records.reader import read_objects as read_records
 
 
 @pytest.mark.slow
