@@ -29,7 +29,7 @@ from moebench import cli
 from moebench.core.workload import Workload, WorkloadError, rank_inputs
 from moebench.harness import preflight
 from moebench.harness.timing import Timer, host_us, kernel_profile, write_trace
-from moebench.records import provenance, tables, writer
+from moebench.records import plots, provenance, tables, writer
 from moebench.records.schema import PermuteRecord
 
 DEFAULT_SHAPES = "4096x7168x8x256,16384x7168x8x256,8192x2048x8x128,8192x4096x8x128"
@@ -300,54 +300,6 @@ def run_shape(shape, a, timer, copy_GBps, device, prov, cmd, where=""):
     return [PermuteRecord(**r).asdict() for r in recs]
 
 
-def format_table(recs) -> str:
-    te = any("speedup_vs_te" in r for r in recs)
-    head = ["shape TxHxKxE", "op", "impl", "us", "GB/s", "frac", "x mcore", *(["x te"] if te else []), "check"]
-    rows = []
-    for r in recs:
-        s = r["shape"]
-        t = r.get("timing", {})
-        rows.append([f"{s['T']}x{s['H']}x{s['K']}x{s['E']}", r["op"], r["impl"],
-                     tables.sig3(t['median_us']) if t else "-", tables.sig3(r['GBps']) if t else "-",
-                     tables.sig3(r['frac_of_copy']) if t else "-",
-                     f"{r['speedup_vs_megatron']:.2f}" if "speedup_vs_megatron" in r else "-",
-                     *([f"{r['speedup_vs_te']:.2f}" if "speedup_vs_te" in r else "-"] if te else []),
-                     r["check"]["status"] + (f" ({r['check']['error'][:60]})" if r["check"]["error"] else "")])
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
-    return "\n".join(["# " + line(head)] + [line(r) for r in rows])
-
-
-def plot_device(timed) -> str:
-    """The plot title's device: the GPU of the records, or a CPU run said plainly."""
-    gpu = timed[0]["env"].get("gpu") if timed else None
-    return gpu or "CPU (functional only, not performance figures)"
-
-
-def plot(recs, copy_GBps, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    timed = [r for r in recs if "timing" in r]
-    groups = list(dict.fromkeys((f"{r['shape']['T']}x{r['shape']['H']}\n{r['op']}") for r in timed))
-    impls = list(dict.fromkeys(r["impl"] for r in timed))
-    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(groups)), 5))
-    wid = 0.8 / max(1, len(impls))
-    for i, impl in enumerate(impls):
-        vals = [next((r["GBps"] for r in timed if r["impl"] == impl
-                      and f"{r['shape']['T']}x{r['shape']['H']}\n{r['op']}" == g), 0) for g in groups]
-        ax.bar([j + i * wid for j in range(len(groups))], vals, wid, label=impl)
-    ax.axhline(copy_GBps, color="k", ls="--", label=f"D2D copy {copy_GBps:.0f} GB/s")
-    ax.axhline(0.9 * copy_GBps, color="gray", ls=":", label="0.9 x copy")
-    ax.set_xticks([j + wid * (len(impls) - 1) / 2 for j in range(len(groups))], groups, fontsize=8)
-    ax.set_ylabel("effective GB/s (unique bytes)")
-    ax.set_title(f"moebench permute/unpermute, {plot_device(timed)}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return fig
-
-
 @cli.tool
 def main(argv=None) -> int:
     try:
@@ -392,11 +344,11 @@ def main(argv=None) -> int:
         kept = f"{len(recs)} records of {n} shape(s) kept in {a.out}" if a.out else "no --out given"
         left = ", ".join("x".join(map(str, s)) for s in shapes[n:])
         raise cli.Interrupted.after(e, f"{kept}; not run: {left}") from None
-    print(format_table(recs))
+    print(tables.format_permute(recs))
     if a.out:
         print(f"# {len(recs)} records appended to {a.out} as each shape finished")
     if a.plot:
-        plot(recs, copy_GBps, a.plot)
+        plots.plot_permute(recs, copy_GBps, a.plot)
         print(f"# plot written to {a.plot}")
     return 1 if any(r["check"]["status"] == "FAIL" for r in recs) else 0
 

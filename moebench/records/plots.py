@@ -172,3 +172,34 @@ def _panel(ax, key, recs: list[dict], metric: str) -> None:
     ax.set_title(f"{phase}: {fam} [{where}]" + (" CPU: functional only" if device == "cpu" else ""), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
+
+
+def permute_device(timed) -> str:
+    """The plot title's device: the GPU of the records, or a CPU run said plainly."""
+    gpu = timed[0]["env"].get("gpu") if timed else None
+    return gpu or "CPU (functional only, not performance figures)"
+
+
+def plot_permute(recs, copy_GBps, path):
+    """moebench.permute's effective GB/s per shape, op and impl against the copy of the same run."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    timed = [r for r in recs if "timing" in r]
+    groups = list(dict.fromkeys((f"{r['shape']['T']}x{r['shape']['H']}\n{r['op']}") for r in timed))
+    impls = list(dict.fromkeys(r["impl"] for r in timed))
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(groups)), 5))
+    wid = 0.8 / max(1, len(impls))
+    for i, impl in enumerate(impls):
+        vals = [next((r["GBps"] for r in timed if r["impl"] == impl
+                      and f"{r['shape']['T']}x{r['shape']['H']}\n{r['op']}" == g), 0) for g in groups]
+        ax.bar([j + i * wid for j in range(len(groups))], vals, wid, label=impl)
+    ax.axhline(copy_GBps, color="k", ls="--", label=f"D2D copy {copy_GBps:.0f} GB/s")
+    ax.axhline(0.9 * copy_GBps, color="gray", ls=":", label="0.9 x copy")
+    ax.set_xticks([j + wid * (len(impls) - 1) / 2 for j in range(len(groups))], groups, fontsize=8)
+    ax.set_ylabel("effective GB/s (unique bytes)")
+    ax.set_title(f"moebench permute/unpermute, {permute_device(timed)}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return fig

@@ -144,3 +144,22 @@ def format_best(entries: list[dict], tablefmt: str = "simple") -> str:
             for e in entries]
     return tabulate(rows, headers=("backend", "shape", "best knobs", "dispatch us", "combine us",
                                    "total us", "settings"), tablefmt=tablefmt, disable_numparse=True)
+
+
+def format_permute(recs) -> str:
+    """moebench.permute's table: one row per shape, op and impl, the anchors' speedups where they ran."""
+    te = any("speedup_vs_te" in r for r in recs)
+    head = ["shape TxHxKxE", "op", "impl", "us", "GB/s", "frac", "x mcore", *(["x te"] if te else []), "check"]
+    rows = []
+    for r in recs:
+        s = r["shape"]
+        t = r.get("timing", {})
+        rows.append([f"{s['T']}x{s['H']}x{s['K']}x{s['E']}", r["op"], r["impl"],
+                     sig3(t['median_us']) if t else "-", sig3(r['GBps']) if t else "-",
+                     sig3(r['frac_of_copy']) if t else "-",
+                     f"{r['speedup_vs_megatron']:.2f}" if "speedup_vs_megatron" in r else "-",
+                     *([f"{r['speedup_vs_te']:.2f}" if "speedup_vs_te" in r else "-"] if te else []),
+                     r["check"]["status"] + (f" ({r['check']['error'][:60]})" if r["check"]["error"] else "")])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    line = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
+    return "\n".join(["# " + line(head)] + [line(r) for r in rows])

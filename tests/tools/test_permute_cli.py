@@ -6,6 +6,7 @@ import json
 import pytest
 
 from moebench import permute
+from moebench.records import plots
 from moebench.env.toolkit import installed
 
 
@@ -57,9 +58,9 @@ def test_plot_title_names_the_device_and_the_path_is_printed(tmp_path, capsys):
     assert png.stat().st_size > 0 and f"plot written to {png}" in out
     rec = {"timing": {}, "GBps": 1.0, "impl": "torch", "op": "permute", "env": {"gpu": None},
            "shape": {"T": 16, "H": 32}}
-    title = permute.plot([rec], 1.0, str(tmp_path / "q.png")).axes[0].get_title()
+    title = plots.plot_permute([rec], 1.0, str(tmp_path / "q.png")).axes[0].get_title()
     assert "None" not in title and "CPU" in title
-    assert "NVIDIA H200" in permute.plot([dict(rec, env={"gpu": "NVIDIA H200"})], 1.0,
+    assert "NVIDIA H200" in plots.plot_permute([dict(rec, env={"gpu": "NVIDIA H200"})], 1.0,
                                          str(tmp_path / "r.png")).axes[0].get_title()
 
 
