@@ -126,6 +126,40 @@ def measured_links(records: list[dict], w: Workload) -> dict:
     return out
 
 
+MEMORY_BACKENDS = ("alltoall", "deepep", "hybridep")
+SHAPE_KEYS = ("num_tokens", "hidden", "topk", "dtype", "num_experts", "ep")
+
+
+def estimate_footprint(name: str, w: Workload, pairs_per_rank: float) -> int:
+    """A backend's memory per GPU at this shape, estimated (mean rank): its own buffers (Backend.buffer_bytes,
+    the size the pre-launch check assumes), the tokens in (x), the rows it hands the experts and their outputs,
+    the combine output, and one call's working room ((P + R) rows deduplicating, (S + 2R) otherwise)."""
+    from .backends import base
+    cls = base.get(name)
+    T, H, b = w.num_tokens, w.hidden, w.bytes_per_token
+    S = R = T * w.topk
+    call = (pairs_per_rank + R) * b if cls.dedup else (S + 2 * R) * b
+    return int(cls.buffer_bytes(w) + T * b + R * b + 2 * R * H + 2 * T * H + call)
+
+
+def memory(w: Workload, records: list[dict], pairs_per_rank: float) -> list[dict]:
+    """Per backend, its footprint per GPU at this shape: measured where a record of exactly this shape holds
+    one (moebench.dispatch records it), else estimated, and said so."""
+    shape = {k: getattr(w, k) for k in SHAPE_KEYS}
+    names = list(dict.fromkeys([*MEMORY_BACKENDS, *(schema.name(r) for r in records)]))
+    out = []
+    for name in names:
+        rec = next((r for r in reversed(records) if schema.name(r) == name and schema.footprint_bytes(r)
+                    and all(r["workload"].get(k) == v for k, v in shape.items())), None)
+        if rec:
+            out.append({"backend": name, "bytes": schema.footprint_bytes(rec),
+                        "source": f"measured ({rec.get('_file')}:{rec.get('_line')})"})
+        elif not name.startswith("mcore-"):
+            out.append({"backend": name, "bytes": estimate_footprint(name, w, pairs_per_rank),
+                        "source": "estimated (no record of this shape; moebench.dispatch measures it)"})
+    return out
+
+
 def inside_ep(w: Workload, gpn: int, etp: int) -> int:
     """The largest EP that divides the experts and keeps ETP*EP within one node."""
     return max(e for e in range(1, w.num_experts + 1) if w.num_experts % e == 0 and e * etp <= gpn)
@@ -148,7 +182,8 @@ def plan(w: Workload, lay: dict, nvlink_gbps: float, net_gbps: float, records: l
     out = {"layout": lay, "workload": w.asdict(), "sampled_tokens": counts["sampled_tokens"],
            "pairs": {p: {k: v for k, v in counts[p].items() if not k.startswith("_")} for p in ("dispatch", "combine")},
            "bytes": counts["bytes"], "links": {"nvlink_GBps": nvlink_gbps, "net_GBps": net_gbps},
-           "predicted_us": pred}
+           "predicted_us": pred,
+           "memory_per_gpu": memory(w, records or [], counts["dispatch"]["mean"]["total"])}
     out["advice"] = advice(w, lay, out, nvlink_gbps, net_gbps, budget)
     return out
 
@@ -197,6 +232,7 @@ def format_text(p: dict) -> str:
         lines.append(f"predicted ({src}): " + ", ".join(f"{k} {v:.1f} us" for k, v in ph.items()))
     lines.append(f"# links: NVLink {p['links']['nvlink_GBps']:g} GB/s, network {p['links']['net_GBps']:g} GB/s "
                  "per GPU per direction")
+    lines += [f"memory per GPU ({m['backend']}): {m['bytes'] / 2**30:.2f} GiB, {m['source']}" for m in p["memory_per_gpu"]]
     lines += [f"advice: {a}" for a in p["advice"]]
     return "\n".join(lines)
 
@@ -254,9 +290,10 @@ def _read(paths: list[str]) -> list[dict]:
     if not (recs := schema.performance_only(recs, "plan --results")):
         raise WorkloadError(f"--results: every record is {schema.FUNCTIONAL_NOTE}: measure on the target GPUs "
                             "or leave --results out (nominal link speeds)")
-    if not any(schema.timed(r) and schema.traffic(r).get("bus_bytes") for r in recs):
+    if not any(schema.timed(r) and (schema.traffic(r).get("bus_bytes") or schema.footprint_bytes(r)) for r in recs):
         raise WorkloadError("--results: no PASS record with timed traffic across links (EP 1 moves no byte over a "
-                            "link): nothing to predict from; leave --results out for nominal link speeds")
+                            "link) or a measured footprint: nothing to predict from; leave --results out for nominal "
+                            "link speeds")
     return recs
 
 

@@ -35,7 +35,7 @@ from .records.plots import METRICS, PlotError, plot_bandwidth, plot_overlap
 from .harness.views import SAMPLED as SAMPLED_VIEWS
 from .records.reader import read_dispatch
 from .records.schema import PHASES
-from .records.tables import format_best, shorten, sig3
+from .records.tables import fit, format_best, gib, shorten, sig3
 
 Z95 = 1.959964
 
@@ -48,17 +48,17 @@ REPEATS_NOTE = "rows marked [last of N runs] show the case's last run; --compare
 
 
 TABLE_HEAD = ("T", "backend", "knobs", "phase", "median us", "p10-p90 us", "algbw GB/s", "busbw GB/s",
-              "frac ceil", "frac meas", "check")
+              "frac ceil", "frac meas", "mem GiB", "check")
 
 
 def _row(r: dict) -> list[str]:
     t, tr = schema.timing(r), schema.traffic(r)
     spread = f"{sig3(t.get('p10_us'))}-{sig3(t.get('p90_us'))}" if t.get("p10_us") is not None else "-"
-    check = schema.status(r) + (f" ({shorten(schema.error(r), 60)})" if schema.error(r) else "")
+    check = schema.status(r) + (f" ({shorten(schema.error(r), 40)})" if schema.error(r) else "")
     check += f" [last of {r['_runs']} runs]" if r.get("_runs", 1) > 1 else ""
     return [str(r["workload"]["num_tokens"]), schema.name(r), schema.knob_str(r) or "-", r["phase"],
             sig3(t.get("median_us")), spread, sig3(tr.get("algbw_GBps")), sig3(tr.get("busbw_GBps")),
-            sig3(tr.get("frac_of_ceiling")), sig3(tr.get("frac_of_measured")), check]
+            sig3(tr.get("frac_of_ceiling")), sig3(tr.get("frac_of_measured")), gib(r), check]
 
 
 def _groups(records: list[dict]) -> dict[str, list[dict]]:
@@ -163,23 +163,38 @@ def compare(recs_a: list[dict], recs_b: list[dict], min_effect: float = 0.01, by
                      "backend_a": schema.name(a[k][0]), "backend_b": schema.name(b[k][0]),
                      "knobs_a": schema.knob_str(a[k][0]), "knobs_b": schema.knob_str(b[k][0]),
                      "a_median_us": sa["median"], "b_median_us": sb["median"], "ratio": ratio,
+                     "a_footprint_bytes": _footprint(a[k]), "b_footprint_bytes": _footprint(b[k]),
                      "ci_low": lo, "ci_high": hi, "noise": method,
                      "verdict": verdict(ratio, lo, hi, min_effect)})
     return {"view": view, "rows": rows, "only_a": len(set(a) - set(b)), "only_b": len(set(b) - set(a))}
 
 
+def _footprint(recs: list[dict]) -> int | None:
+    """The largest footprint among one side's records of a case (memory at this shape), None where unmeasured."""
+    return max((b for r in recs if (b := schema.footprint_bytes(r)) is not None), default=None)
+
+
+def _mem_cell(a: int | None, b: int | None) -> str:
+    if a is None or b is None:
+        return "-"
+    return f"{a / 2**30:.2f}->{b / 2**30:.2f} ({(b - a) / 2**30:+.2f})"
+
+
 def format_compare(res: dict, label_a: str, label_b: str, markdown: bool = False) -> str:
     from tabulate import tabulate
-    head = ("shape", "T", "backend", "phase", f"A us ({label_a})", f"B us ({label_b})", "B/A", "95% interval",
-            "verdict", "noise band from")
-    rows = []
-    for r in res["rows"]:
-        be = r["backend_a"] if r["backend_a"] == r["backend_b"] else f"{r['backend_a']} vs {r['backend_b']}"
-        knobs = {r["knobs_a"], r["knobs_b"]} - {""}
-        rows.append([r["family"], r["num_tokens"], be + (f" [{' / '.join(sorted(knobs))}]" if knobs else ""),
-                     r["phase"], sig3(r["a_median_us"]), sig3(r["b_median_us"]), f"{r['ratio']:.3f}",
-                     f"{r['ci_low']:.3f}-{r['ci_high']:.3f}", r["verdict"], r["noise"]])
-    out = [tabulate(rows, headers=head, tablefmt="github" if markdown else "simple", disable_numparse=True)]
+    head = ("T", "backend", "phase", "A us", "B us", "B/A", "95% interval", "verdict", "mem GiB A->B")
+    out = [f"{'' if markdown else '# '}A: {label_a}; B: {label_b}"]
+    for fam in dict.fromkeys(r["family"] for r in res["rows"]):
+        rows = []
+        for r in (r for r in res["rows"] if r["family"] == fam):
+            be = r["backend_a"] if r["backend_a"] == r["backend_b"] else f"{r['backend_a']} vs {r['backend_b']}"
+            knobs = {r["knobs_a"], r["knobs_b"]} - {""}
+            rows.append([r["num_tokens"], be + (f" [{' / '.join(sorted(knobs))}]" if knobs else ""), r["phase"],
+                         sig3(r["a_median_us"]), sig3(r["b_median_us"]), f"{r['ratio']:.3f}",
+                         f"{r['ci_low']:.3f}-{r['ci_high']:.3f}", r["verdict"],
+                         _mem_cell(r.get("a_footprint_bytes"), r.get("b_footprint_bytes"))])
+        out += [("### " if markdown else "# ") + fam,
+                tabulate(rows, headers=head, tablefmt="github" if markdown else "simple", disable_numparse=True)]
     counts = {v: sum(r["verdict"] == v for r in res["rows"]) for v in ("faster", "slower", "within noise")}
     out.append(f"{'' if markdown else '# '}B ({label_b}) against A ({label_a}), {res.get('view', 'api')} view: "
                + ", ".join(f"{n} {v}" for v, n in counts.items())
@@ -188,10 +203,12 @@ def format_compare(res: dict, label_a: str, label_b: str, markdown: bool = False
     if res.get("left_out_functional"):
         out.append(f"{'' if markdown else '# '}left out {res['left_out_functional']} record(s) that are "
                    f"{schema.FUNCTIONAL_NOTE}: no verdict above is on them")
-    if any(r["noise"] != "bootstrap" for r in res["rows"]):
-        out.append(f"{'' if markdown else '# '}NOTE: some records carry no timing.samples_us; their noise band "
-                   "is a normal approximation from the p10/p90 spread, not a bootstrap")
-    return "\n".join(out)
+    approx = sorted({f"{r['num_tokens']} {r['backend_a']} {r['phase']}" for r in res["rows"] if r["noise"] != "bootstrap"})
+    if approx:
+        out.append(f"{'' if markdown else '# '}NOTE: rows without timing.samples_us ({', '.join(approx[:4])}"
+                   f"{', ...' if len(approx) > 4 else ''}): their noise band is a normal approximation from the "
+                   "p10/p90 spread, not a bootstrap")
+    return "\n".join(out if markdown else fit(out))
 
 
 # ---- CLI -----------------------------------------------------------------------------------------
@@ -239,7 +256,7 @@ def _compare_inputs(args) -> tuple[list[dict], list[dict], str, str, bool]:
 
 
 def run(args) -> int:
-    bad_out = cli.output_problem(args.plot, "--plot") or cli.output_problem(args.overlap_plot, "--overlap-plot")
+    bad_out = cli.first_output_problem([(args.plot, "--plot"), (args.overlap_plot, "--overlap-plot")])
     if bad_out:
         raise ReportError(bad_out)
     if args.compare:

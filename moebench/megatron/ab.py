@@ -30,6 +30,7 @@ from ..core.megatron_map import BACKENDS, CONTROL
 from ..harness.spec import ENV_KNOB
 from ..records import schema
 from ..records.schema import PHASES, env_difference
+from ..records.tables import fit
 from .flags import megatron_flags, parse_version
 
 FORCED_BALANCE_NOTE = ("benchmark-only: balanced routing forces every expert the same load (as "
@@ -48,6 +49,7 @@ class Summary:
     knobs: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)           # the allowlisted environment variables of the run
     prov: dict = field(default_factory=dict)          # the record's provenance (GPU, NCCL, driver, sha)
+    footprint_bytes: int | None = None                # the backend's memory at this shape (largest rank)
 
 
 def workload_key(rec: dict) -> str:
@@ -66,7 +68,8 @@ def summarize(records: list[dict], view: str = "api") -> dict[str, Summary]:
         any_rec = next(r for r in phases.values())
         s = Summary(name, schema.status(any_rec), schema.error(any_rec),
                     knobs=any_rec["backend"].get("knobs") or {}, env=(any_rec.get("env") or {}).get("env") or {},
-                    prov=any_rec.get("env") or {})
+                    prov=any_rec.get("env") or {},
+                    footprint_bytes=max((b for r in phases.values() if (b := schema.footprint_bytes(r))), default=None))
         if s.status == "PASS":
             ts = [schema.view_timing(r, view) if r else None for r in recs]
             if not all(ts):
@@ -94,8 +97,12 @@ def compare(control: Summary, cand: Summary, min_gain: float = 0.0) -> dict:
         why = f"gain {gain:.1f} us is within the measured noise {noise:.1f} us"
     else:
         why = f"gain {gain:.1f} us is below the required {100 * min_gain:.1f}% of {control.name}"
+    mem = None
+    if cand.footprint_bytes is not None and control.footprint_bytes is not None:
+        mem = cand.footprint_bytes - control.footprint_bytes
     return {"name": cand.name, "status": cand.status, "median_us": cand.median_us, "p10_us": cand.p10_us,
-            "p90_us": cand.p90_us, "gain_us": gain, "noise_us": noise, "wins": wins, "why": why}
+            "p90_us": cand.p90_us, "gain_us": gain, "noise_us": noise, "wins": wins, "why": why,
+            "footprint_bytes": cand.footprint_bytes, "footprint_delta_bytes": mem}
 
 
 def decide(records: list[dict], min_gain: float = 0.0, view: str = "api", version: str | None = None) -> dict:
@@ -119,7 +126,7 @@ def decide(records: list[dict], min_gain: float = 0.0, view: str = "api", versio
     control_name, cands = megatron_map.families()[fam]
     control = sums[control_name]
     out["control"] = {"name": control.name, "median_us": control.median_us, "p10_us": control.p10_us,
-                      "p90_us": control.p90_us}
+                      "p90_us": control.p90_us, "footprint_bytes": control.footprint_bytes}
     best = None
     for name in cands:
         if name not in sums:
@@ -254,10 +261,11 @@ def format_decision(d: dict) -> str:
                      f"device={d.get('device')}")
     if d.get("control"):
         c = d["control"]
-        lines.append(f"#   control {c['name']}: {c['median_us']:.1f} us (p10 {c['p10_us']:.1f}, p90 {c['p90_us']:.1f})")
+        lines.append(f"#   control {c['name']}: {c['median_us']:.1f} us (p10 {c['p10_us']:.1f}, p90 {c['p90_us']:.1f})"
+                     + _memory(c))
     for c in d.get("candidates", []):
         t = f"{c['median_us']:.1f} us (p10 {c['p10_us']:.1f}, p90 {c['p90_us']:.1f}) " if "median_us" in c else ""
-        lines.append(f"#   candidate {c['name']}: {t}{'WINS' if c.get('wins') else 'no'} - {c['why']}")
+        lines.append(f"#   candidate {c['name']}: {t}{'WINS' if c.get('wins') else 'no'} - {c['why']}" + _memory(c))
     f = d["flags"]
     lines.append(f"# winner: {d['winner']} - {d['reason']}")
     lines.append(f"megatron-lm:     {f['megatron_lm_cmdline']}")
@@ -267,7 +275,16 @@ def format_decision(d: dict) -> str:
         lines.append("env:             " + " ".join(f"{k}={v}" for k, v in f["env"].items()))
     lines += [f"# {x}" for x in d.get("labels") or []]
     lines += [f"# note: {n}" for n in [*(d.get("notes") or []), *f["notes"]]]
-    return "\n".join(lines)
+    return "\n".join(fit(lines))
+
+
+def _memory(c: dict) -> str:
+    """'; memory 5.28 GiB (+1.20 vs control)': the backend's footprint at this shape, where measured."""
+    if c.get("footprint_bytes") is None:
+        return ""
+    delta = c.get("footprint_delta_bytes")
+    return f"; memory {c['footprint_bytes'] / 2**30:.2f} GiB" + (f" ({delta / 2**30:+.2f} vs control)"
+                                                                 if delta is not None else "")
 
 
 def overlap_pays(records: list[dict], backend: str) -> dict:

@@ -83,6 +83,20 @@ def test_clear_win_replaces_alltoall_and_takes_recorded_sms():
     assert c["deepep"]["gain_us"] == pytest.approx(450) and c["hybridep"]["wins"]   # both win; deepep larger
 
 
+def test_the_decision_names_each_footprint_and_its_difference_to_the_control():
+    def with_memory(recs, gib):
+        return [{**r, "memory": {"per_rank": [], "max": {"footprint_bytes": int(gib * 2**30)}}} for r in recs]
+    recs = with_memory(pair("alltoall", 500, 600), 5.0) + with_memory(pair("hybridep", 300, 350), 3.5) + \
+        pair("deepep", 450, 500)
+    [d] = ab.decisions_from_results(recs, "0.19.2")
+    c = {x["name"]: x for x in d["candidates"]}
+    assert c["hybridep"]["footprint_delta_bytes"] == -int(1.5 * 2**30) and c["deepep"]["footprint_delta_bytes"] is None
+    text = ab.format_decision(d)
+    assert "control alltoall: 1100.0 us (p10 1098.0, p90 1102.0); memory 5.00 GiB" in text
+    assert "; memory 3.50 GiB (-1.50 vs control)" in text
+    assert all(len(line) <= 160 for line in text.splitlines() if line.startswith("#"))
+
+
 def test_knob_sweep_best_setting_feeds_the_flags():
     sms = lambda n, d, c: [dict(r, sweep={"name": "t", "case": n, "knobs": {"num_sms": n, "env:NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API": 128}})
                            for r in pair("hybridep", d, c, knobs={"num_sms": n})]

@@ -90,6 +90,23 @@ def test_predicted_times_follow_link_speeds(tmp_path, capsys):
     assert p3["predicted_us"]["nominal"]["dispatch"] == pytest.approx(p["predicted_us"]["nominal"]["dispatch"] / 2)
 
 
+def test_memory_is_measured_where_a_record_of_this_shape_has_it_else_estimated(tmp_path, capsys):
+    base = ["--gpus", "8", "--ep", "8", "--num-tokens", "1024", "--hidden", "1024", "--num-experts", "64"]
+    est = {m["backend"]: m for m in run(capsys, *base)["memory_per_gpu"]}
+    assert set(est) == {"alltoall", "deepep", "hybridep"} and all(m["source"].startswith("estimated") for m in est.values())
+    assert est["alltoall"]["bytes"] >= 1024 * 1024 * 2 * 8          # at least the K copies of its tokens it receives
+    w = {"num_tokens": 1024, "hidden": 1024, "topk": 8, "dtype": "bf16", "num_experts": 64, "ep": 8}
+    rec = {"workload": w, "backend": {"name": "hybridep"}, "phase": "dispatch", "timing": {"median_us": 1.0},
+           "check": {"status": "PASS"}, "traffic": {"bus_bytes": 1.0, "net_bytes": 0.0, "busbw_GBps": 300.0},
+           "memory": {"per_rank": [], "max": {"footprint_bytes": 3 * 2**30}}}
+    other = {**rec, "workload": {**w, "num_tokens": 2048}, "memory": {"per_rank": [], "max": {"footprint_bytes": 1}}}
+    f = tmp_path / "r.jsonl"
+    f.write_text(json.dumps(other) + "\n" + json.dumps(rec) + "\n")
+    mem = {m["backend"]: m for m in run(capsys, *base, "--results", str(f))["memory_per_gpu"]}
+    assert mem["hybridep"] == {"backend": "hybridep", "bytes": 3 * 2**30, "source": f"measured ({f}:2)"}
+    assert mem["deepep"]["source"].startswith("estimated")         # no record of this shape: said so
+
+
 def test_large_ep_samples_tokens_and_stays_fast(capsys):
     t0 = time.time()
     p = run(capsys, "--gpus", "512", "--ep", "512", "--num-experts", "512", "--num-tokens", "4096")

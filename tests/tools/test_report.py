@@ -200,9 +200,22 @@ def test_compare_says_it_pools_and_names_the_functional_records_left_out(tmp_pat
     assert report.main(["--compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out
     verdicts = [line for line in out.splitlines() if "faster" in line or "slower" in line or "within noise" in line]
-    assert any(" 1024 " in v for v in verdicts) and not any(" 512 " in v for v in verdicts)
+    assert any(v.split()[0] == "1024" for v in verdicts) and not any(v.split()[0] == "512" for v in verdicts)
     assert "pools every run" in out
     assert "left out 2 record(s) that are functional only" in out
     assert report.main(["--compare", str(a), str(b), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["left_out_functional"] == 2 and len(res["rows"]) == 1
+
+
+def test_compare_shows_the_footprint_difference_and_fits_160_columns(tmp_path, capsys):
+    def with_memory(r, gib):
+        return {**r, "memory": {"per_rank": [], "max": {"footprint_bytes": int(gib * 2**30)}}}
+    f = write(tmp_path / "ab.jsonl", [with_memory(rec("alltoall", 4096, "dispatch", samples=noisy(100.0, seed=1)), 5.28),
+                                      with_memory(rec("hybridep", 4096, "dispatch", samples=noisy(80.0, seed=2)), 4.08)])
+    assert report.main(["--compare", "alltoall", "hybridep", f]) == 0
+    out = capsys.readouterr().out
+    assert "5.28->4.08 (-1.20)" in out and max(map(len, out.splitlines())) <= 160
+    assert report.main(["--compare", "alltoall", "hybridep", f, "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["rows"]
+    assert (row["a_footprint_bytes"], row["b_footprint_bytes"]) == (int(5.28 * 2**30), int(4.08 * 2**30))
