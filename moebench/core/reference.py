@@ -110,7 +110,6 @@ def check_combine(out_TH: torch.Tensor, expected_TH: torch.Tensor, rel_tol: floa
     return ""
 
 
-
 def _row_hashes(key: torch.Tensor) -> torch.Tensor:
     coef = torch.randint(1, 2**31 - 1, (key.shape[1],), generator=torch.Generator().manual_seed(11))
     return (key.to(torch.int64) * coef.to(key.device)).sum(1)
