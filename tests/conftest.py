@@ -44,18 +44,19 @@ def fake_env(**extra) -> dict:
 
 
 # ---- process trees (Linux /proc) --------------------------------------------------------------------
-def children_of(pid: int) -> list[int]:
-    """The pids whose parent is `pid`."""
-    out = []
+def proc_stats():
+    """(pid, the fields of /proc/PID/stat after the command name: state, ppid, pgrp, ...) of every process."""
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                yield int(d.name), (d / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[1]) == pid:
-                out.append(int(d.name))
-    return out
+
+
+def children_of(pid: int) -> list[int]:
+    """The pids whose parent is `pid`."""
+    return [p for p, fields in proc_stats() if int(fields[1]) == pid]
 
 
 def alive(pid: int) -> bool:

@@ -18,7 +18,7 @@ from . import memory, oracle, overlap, preflight, views
 from .launch import LaunchError, RankContext, environment, run_ranks
 from .soak import run_soak
 from .spec import RunSpec
-from .stage import WAIVED, CheckFailed, make_backend, stage
+from .stage import WAIVED, CheckFailed, make_backend, make_case, stage
 from .timing import Timer, measure_alltoall
 
 
@@ -74,7 +74,7 @@ def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
         out.status, out.error = ("WAIVED", err.removeprefix(WAIVED)) if err.startswith(WAIVED) else ("FAIL", err)
         return out
     timer = Timer.for_run(spec, dev, ctx.group)
-    case = _case(b, timer, ctx, spec, (payload, idx, wt, s), checked["d"], checked["y"])
+    case = make_case(b, timer, ctx, spec, (payload, idx, wt, s), checked["d"], checked["y"])
     meter.timed()
     out.views = views.run_all(case, spec.views, after_api=meter.api_done)
     out.memory = memory.gather(meter.result(ctx.rank), ctx.group)
@@ -88,18 +88,6 @@ def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
     bad = views.failure(out.views)
     out.status, out.error, out.knobs = ("FAIL" if bad else "PASS"), bad, b.knobs()
     return out
-
-
-def _case(b, timer, ctx, spec: RunSpec, inputs: tuple, d, y) -> views.Case:
-    """What every view times: the api callables of every phase (the checked dispatch's handle serves the
-    timed combines) and the oracle a graph replay's outputs go through."""
-    payload, idx, wt, s = inputs
-    w = spec.workload
-    phases = {"dispatch": lambda: b.dispatch(payload, idx, wt, s), "combine": lambda: b.combine(y, d.handle)}
-    phases.update(b.extra_phases(payload, idx, wt))
-    check = lambda dg, yg: (oracle.dispatch_error(dg, w, ctx.rank, ctx.device)  # noqa: E731
-                            or oracle.combine_error(yg, payload, idx, wt, w, s))
-    return views.Case(b, timer, spec, ctx.rank, inputs, d, y, phases, check)
 
 
 def _overlap(case: views.Case, ctx) -> dict:

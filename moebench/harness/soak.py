@@ -23,7 +23,7 @@ from ..core import reference
 from ..core.workload import rank_inputs
 from . import oracle, views
 from .launch import LaunchError, RankContext, environment, run_ranks
-from .stage import make_backend
+from .stage import make_backend, make_case
 from .timing import Timer, agree_error
 
 SEED_STRIDE = 1_000_003          # call i draws its tokens and routing from seed + SEED_STRIDE * (i + 1)
@@ -92,10 +92,7 @@ def _graph(b, timer, ctx, spec) -> dict | None:
     msg, d, y = oracle.check(b, spec.workload, ctx.rank, payload, idx, wt, s, ctx.device)
     if agree_error(msg, ctx.group):
         return {"none": f"the base case failed its check: {msg}"}
-    w = spec.workload
-    check = lambda dg, yg: (oracle.dispatch_error(dg, w, ctx.rank, ctx.device)  # noqa: E731
-                            or oracle.combine_error(yg, payload, idx, wt, w, s))
-    case = views.Case(b, timer, spec, ctx.rank, (payload, idx, wt, s), d, y, {}, check)
+    case = make_case(b, timer, ctx, spec, (payload, idx, wt, s), d, y)
     return views.REGISTRY["graph"].soak(case, spec.soak)
 
 

@@ -1,10 +1,12 @@
 """A stage every rank runs together (setup, check) and agrees on: the first rank's error on all ranks, so
-no rank goes on into a collective another will never join; the backend built and set up that way."""
+no rank goes on into a collective another will never join; the backend built and set up that way, and the
+Case the timing views (and the soak's graph replays) take once it has passed its check."""
 from __future__ import annotations
 
 import traceback
 
 from ..backends import base
+from . import oracle, views
 from .launch import RankContext
 from .timing import agree_error
 
@@ -44,3 +46,15 @@ def make_backend(spec, name: str, ctx: RankContext):
         b.setup(ctx.group, spec.workload, ctx.device)
     err = stage(prepare, ctx.group)
     return b, err
+
+
+def make_case(b, timer, ctx, spec, inputs: tuple, d, y) -> views.Case:
+    """What every view times: the api callables of every phase (the checked dispatch's handle serves the
+    timed combines) and the oracle a graph replay's outputs go through."""
+    payload, idx, wt, s = inputs
+    w = spec.workload
+    phases = {"dispatch": lambda: b.dispatch(payload, idx, wt, s), "combine": lambda: b.combine(y, d.handle)}
+    phases.update(b.extra_phases(payload, idx, wt))
+    check = lambda dg, yg: (oracle.dispatch_error(dg, w, ctx.rank, ctx.device)  # noqa: E731
+                            or oracle.combine_error(yg, payload, idx, wt, w, s))
+    return views.Case(b, timer, spec, ctx.rank, inputs, d, y, phases, check)

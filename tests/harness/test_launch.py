@@ -64,9 +64,6 @@ def test_a_hang_ends_at_the_timeout():
     assert time.monotonic() - t0 < 20
 
 
-
-
-
 @pytest.mark.slow
 def test_backend_all_waives_what_cannot_take_the_shape(tmp_path):
     """deep_ep importable (the fake), --hidden 100: deepep and deepep-ll are WAIVED with the reason, exit 0."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import FAKES, ROOT, children_of, wait_for
+from conftest import FAKES, ROOT, children_of, proc_stats, wait_for
 from moebench import cli
 from moebench.env.toolkit import installed
 from moebench.records import writer
@@ -185,16 +185,7 @@ def test_sizes_past_memory_in_the_other_tools(capsys):
 # ---------------------------------------------------------------- interrupts
 def group_left(pgid: int) -> list[int]:
     """Processes of the group `pgid` still running (not zombies)."""
-    left = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == pgid and fields[0] != "Z":
-                left.append(int(d.name))
-    return left
+    return [p for p, fields in proc_stats() if int(fields[3]) == pgid and fields[0] != "Z"]
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
