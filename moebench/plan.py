@@ -135,10 +135,11 @@ def estimate_footprint(name: str, w: Workload, pairs_per_rank: float) -> int:
     the size the pre-launch check assumes), the tokens in (x), the rows it hands the experts and their outputs,
     the combine output, and one call's working room ((P + R) rows deduplicating, (S + 2R) otherwise)."""
     from .backends import base
+    from .harness import preflight
     cls = base.get(name)
     T, H, b = w.num_tokens, w.hidden, w.bytes_per_token
     S = R = T * w.topk
-    call = (pairs_per_rank + R) * b if cls.dedup else (S + 2 * R) * b
+    call = preflight.call_bytes(cls.dedup, S, R, pairs_per_rank, b)
     return int(cls.buffer_bytes(w) + T * b + R * b + 2 * R * H + 2 * T * H + call)
 
 

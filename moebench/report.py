@@ -163,15 +163,11 @@ def compare(recs_a: list[dict], recs_b: list[dict], min_effect: float = 0.01, by
                      "backend_a": schema.name(a[k][0]), "backend_b": schema.name(b[k][0]),
                      "knobs_a": schema.knob_str(a[k][0]), "knobs_b": schema.knob_str(b[k][0]),
                      "a_median_us": sa["median"], "b_median_us": sb["median"], "ratio": ratio,
-                     "a_footprint_bytes": _footprint(a[k]), "b_footprint_bytes": _footprint(b[k]),
+                     "a_footprint_bytes": schema.largest_footprint(a[k]),
+                     "b_footprint_bytes": schema.largest_footprint(b[k]),
                      "ci_low": lo, "ci_high": hi, "noise": method,
                      "verdict": verdict(ratio, lo, hi, min_effect)})
     return {"view": view, "rows": rows, "only_a": len(set(a) - set(b)), "only_b": len(set(b) - set(a))}
-
-
-def _footprint(recs: list[dict]) -> int | None:
-    """The largest footprint among one side's records of a case (memory at this shape), None where unmeasured."""
-    return max((b for r in recs if (b := schema.footprint_bytes(r)) is not None), default=None)
 
 
 def _mem_cell(a: int | None, b: int | None) -> str:

@@ -78,12 +78,18 @@ def routing_counts(w: Workload) -> dict[str, list[int]]:
             "busiest": by_rank.max(1).values.tolist()}
 
 
+def call_bytes(dedup: bool, sent: float, rows: float, pairs: float, row_bytes: int) -> int:
+    """One backend call's working room: a deduplicating backend holds the (token, rank) pairs it receives and
+    the rows it hands out ((P + R) b); an alltoall-like one the slots it sends and twice the rows ((S + 2R) b)."""
+    return int((pairs + rows) * row_bytes if dedup else (sent + 2 * rows) * row_bytes)
+
+
 def rank_bytes(name: str, dedup: bool, w: Workload, c: dict, r: int, cuda: bool) -> int:
     """The estimate for rank r (see the module docstring)."""
     T, H, K, b = w.num_tokens, w.hidden, w.topk, w.bytes_per_token
     S, R, P, M = c["sent"][r], c["rows"][r], c["pairs"][r], c["busiest"][r]
     held = 2 * T * H + (T * H if w.dtype == "fp8" else 0) + 2 * R * b + 2 * R * H + 2 * T * H
-    call = (P + R) * b if dedup else (S + 2 * R) * b
+    call = call_bytes(dedup, S, R, P, b)
     peak = max(8 * T * K * H + 4 * T * H, CHECK_KEY_BYTES * M * H, call, draw_bytes(w))
     if not cuda:
         return held + peak + RANK_PROCESS_HOST

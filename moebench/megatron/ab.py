@@ -69,7 +69,7 @@ def summarize(records: list[dict], view: str = "api") -> dict[str, Summary]:
         s = Summary(name, schema.status(any_rec), schema.error(any_rec),
                     knobs=any_rec["backend"].get("knobs") or {}, env=(any_rec.get("env") or {}).get("env") or {},
                     prov=any_rec.get("env") or {},
-                    footprint_bytes=max((b for r in phases.values() if (b := schema.footprint_bytes(r))), default=None))
+                    footprint_bytes=schema.largest_footprint(phases.values()))
         if s.status == "PASS":
             ts = [schema.view_timing(r, view) if r else None for r in recs]
             if not all(ts):

@@ -140,6 +140,11 @@ def footprint_bytes(r: dict) -> int | None:
     return ((r.get("memory") or {}).get("max") or {}).get("footprint_bytes")
 
 
+def largest_footprint(recs) -> int | None:
+    """The largest footprint among records of one backend and case (its phases, its runs); None where unmeasured."""
+    return max((b for r in recs if (b := footprint_bytes(r)) is not None), default=None)
+
+
 def timed(r: dict) -> bool:
     """Checked PASS and timed."""
     return status(r) == "PASS" and median_us(r) is not None
