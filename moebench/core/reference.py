@@ -16,25 +16,27 @@ from .workload import Workload, fp8_dequantize, rank_inputs
 def expected_dispatch(w: Workload, rank: int, device="cpu"):
     """Rows rank `rank` must receive: (rows per local expert [list of tensors], scales per expert or None).
 
-    Within an expert, rows come in (source rank, token index) order, which is Megatron's order.
+    Within an expert, rows come in (source rank, token index) order, which is Megatron's order. Built on
+    the host, where the inputs are drawn, and moved to `device` in one copy (no per-expert host syncs).
     """
     L = w.local_experts
-    rows: list[list[torch.Tensor]] = [[] for _ in range(L)]
-    scales: list[list[torch.Tensor]] = [[] for _ in range(L)]
+    rows, scales, experts = [], [], []
     for src in range(w.ep):
-        x, idx, _, q, s = rank_inputs(w, src, device)
+        x, idx, _, q, s = rank_inputs(w, src)
         local = idx - rank * L
         hit = (idx >= 0) & (local >= 0) & (local < L)
-        onehot = torch.zeros(idx.shape[0], L, dtype=torch.int32, device=idx.device)
-        onehot.scatter_add_(1, torch.where(hit, local, 0), hit.to(torch.int32))
-        payload = q if q is not None else x
-        for j in range(L):
-            take = onehot[:, j] > 0
-            rows[j].append(payload[take])
-            if s is not None:
-                scales[j].append(s[take])
-    out_rows = [torch.cat(r) for r in rows]
-    out_scales = [torch.cat(s) for s in scales] if w.dtype == "fp8" else None
+        onehot = torch.zeros(idx.shape[0], L, dtype=torch.bool)
+        onehot[hit.nonzero(as_tuple=True)[0], local[hit]] = True       # a token routed twice to one expert: one row
+        t, j = onehot.nonzero(as_tuple=True)                             # by token, then expert
+        rows.append((q if q is not None else x)[t])
+        experts.append(j)
+        if s is not None:
+            scales.append(s[t])
+    j = torch.cat(experts)
+    order = j.argsort(stable=True)                                       # by expert, then source rank, then token
+    counts = torch.bincount(j, minlength=L).tolist()
+    out_rows = list(torch.cat(rows)[order].to(device).split(counts))
+    out_scales = list(torch.cat(scales)[order].to(device).split(counts)) if w.dtype == "fp8" else None
     return out_rows, out_scales
 
 
@@ -47,7 +49,7 @@ def apply_experts(x_RH, tokens_per_expert, rank: int, w: Workload, scales_RS=Non
     """y = dequant(x) * (global_expert + 1) in bf16, row blocks per local expert."""
     xf = fp8_dequantize(x_RH, scales_RS) if scales_RS is not None else x_RH.float()
     factor = torch.repeat_interleave(expert_factors(rank, w, x_RH.device),
-                                     torch.as_tensor(list(tokens_per_expert), device=x_RH.device),
+                                     torch.tensor(counts(tokens_per_expert), device=x_RH.device),
                                      output_size=x_RH.shape[0])
     return (xf * factor[:, None]).to(torch.bfloat16)
 
@@ -69,31 +71,29 @@ def _row_keys(x: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
     return key
 
 
-def _sorted_rows(key: torch.Tensor) -> torch.Tensor:
-    coef = torch.randint(1, 2**31 - 1, (key.shape[1],), generator=torch.Generator().manual_seed(7))
-    h = (key.to(torch.int64) * coef.to(key.device)).sum(1)
-    return key[h.argsort(stable=True)]
-
-
 def check_dispatch(got_rows: list[torch.Tensor], got_scales, exp_rows, exp_scales, rank: int, w: Workload) -> str:
     """'' when each local expert received exactly the expected multiset of rows; else the first difference."""
     for j, (g, e) in enumerate(zip(got_rows, exp_rows)):
-        ge = f"rank {rank} expert {rank * w.local_experts + j}"
         if g.shape[0] != e.shape[0]:
-            return f"{ge}: received {g.shape[0]} rows, expected {e.shape[0]}"
-        if g.shape[0] == 0:
-            continue
-        gk = _row_keys(g, got_scales[j] if got_scales is not None else None)
-        ek = _row_keys(e.to(g.device), exp_scales[j].to(g.device) if exp_scales is not None else None)
-        if not torch.equal(_sorted_rows(gk), _sorted_rows(ek)):
-            return f"{ge}: received rows differ from the expected tokens (misrouted or corrupted payload)"
+            return f"rank {rank} expert {rank * w.local_experts + j}: received {g.shape[0]} rows, expected {e.shape[0]}"
+    bad = dispatch_bad_rows(got_rows, got_scales, exp_rows, exp_scales, rank, w)
+    if bad:
+        return (f"rank {rank} expert {bad[0][0]}: received rows differ from the expected tokens (misrouted or "
+                f"corrupted payload)")
     return ""
+
+
+def counts(tokens_per_expert) -> list[int]:
+    """Rows per local expert as a host list, from a host list or a device tensor (one host sync)."""
+    if isinstance(tokens_per_expert, torch.Tensor):
+        return [int(c) for c in tokens_per_expert.tolist()]
+    return [int(c) for c in tokens_per_expert]
 
 
 def split_rows(x_RH, tokens_per_expert) -> list[torch.Tensor]:
     """Row blocks per local expert; a trailing remainder (padding) is ignored."""
-    counts = [int(c) for c in tokens_per_expert]
-    return list(torch.split(x_RH[: sum(counts)], counts))
+    n = counts(tokens_per_expert)
+    return list(torch.split(x_RH[: sum(n)], n))
 
 
 def check_combine(out_TH: torch.Tensor, expected_TH: torch.Tensor, rel_tol: float = 1e-2) -> str:
@@ -119,25 +119,26 @@ def dispatch_bad_rows(got_rows: list[torch.Tensor], got_scales, exp_rows, exp_sc
                       w: Workload) -> list[tuple[int, int]]:
     """[(global expert, rows wrong)] for the local experts whose received rows are not the expected multiset:
     rows that are not among the expected ones (corrupted, misrouted or extra), or missing rows; [] when all are
-    right. What a soak counts (a single check stops at the first difference: check_dispatch)."""
-    out = []
-    for j, (g, e) in enumerate(zip(got_rows, exp_rows)):
-        if g.shape[0] == 0 and e.shape[0] == 0:
-            continue
-        gk = _row_keys(g, got_scales[j] if got_scales is not None else None) if g.shape[0] else None
-        ek = _row_keys(e.to(g.device), exp_scales[j].to(g.device) if exp_scales is not None else None)
-        if gk is None or gk.shape[1] != ek.shape[1]:
-            bad = max(g.shape[0], e.shape[0])
-        else:
-            h = torch.cat([_row_hashes(gk), _row_hashes(ek)])
-            sign = torch.cat([torch.ones(len(gk), dtype=torch.int64, device=h.device),
-                              -torch.ones(len(ek), dtype=torch.int64, device=h.device)])
-            _, inv = torch.unique(h, return_inverse=True)
-            net = torch.zeros(int(inv.max()) + 1, dtype=torch.int64, device=h.device).scatter_add_(0, inv, sign)
-            bad = int(max(net.clamp(min=0).sum(), (-net).clamp(min=0).sum()))
-        if bad:
-            out.append((rank * w.local_experts + j, bad))
-    return out
+    right. One pass over every expert's rows and one host sync, so that a soak's call costs few round trips."""
+    L, first = len(exp_rows), rank * w.local_experts
+    n_got, n_exp = [g.shape[0] for g in got_rows], [e.shape[0] for e in exp_rows]
+    dev = got_rows[0].device if got_rows else torch.device("cpu")
+    gk = _row_keys(torch.cat(got_rows), torch.cat(got_scales) if got_scales is not None else None)
+    ek = _row_keys(torch.cat(exp_rows).to(dev), torch.cat(exp_scales).to(dev) if exp_scales is not None else None)
+    if gk.shape[1] != ek.shape[1]:                     # rows of another width: every row of every expert is wrong
+        return [(first + j, max(g, e)) for j, (g, e) in enumerate(zip(n_got, n_exp)) if max(g, e)]
+    if not gk.shape[0] + ek.shape[0]:
+        return []
+    expert = torch.repeat_interleave(torch.arange(L, device=dev).repeat(2), torch.tensor(n_got + n_exp, device=dev))
+    keys = torch.stack([torch.cat([_row_hashes(gk), _row_hashes(ek)]), expert], dim=1)
+    sign = torch.cat([torch.ones(gk.shape[0], dtype=torch.int64, device=dev),
+                      -torch.ones(ek.shape[0], dtype=torch.int64, device=dev)])
+    uniq, inv = torch.unique(keys, dim=0, return_inverse=True)
+    net = torch.zeros(uniq.shape[0], dtype=torch.int64, device=dev).scatter_add_(0, inv, sign)
+    extra = torch.zeros(L, dtype=torch.int64, device=dev).scatter_add_(0, uniq[:, 1], net.clamp(min=0))
+    missing = torch.zeros(L, dtype=torch.int64, device=dev).scatter_add_(0, uniq[:, 1], (-net).clamp(min=0))
+    bad = torch.maximum(extra, missing).tolist()
+    return [(first + j, n) for j, n in enumerate(bad) if n]
 
 
 def combine_bad_tokens(out_TH: torch.Tensor, expected_TH: torch.Tensor, rel_tol: float = 1e-2) -> list[int]:

@@ -19,7 +19,6 @@ import tempfile
 import time
 import traceback
 
-from ..core import reference
 from ..core.workload import rank_inputs
 from . import oracle, views
 from .launch import LaunchError, RankContext, environment, run_ranks
@@ -37,12 +36,9 @@ def one_call(b, w, rank: int, dev) -> dict | None:
     payload = q if q is not None else x
     try:
         d = b.dispatch(payload, idx, wt, s)
-        tpe = [int(c) for c in d.tokens_per_expert]
-        exp_rows, exp_scales = reference.expected_dispatch(w, rank, dev)
-        got_scales = reference.split_rows(d.scales_RS, tpe) if d.scales_RS is not None else None
-        rows = reference.dispatch_bad_rows(reference.split_rows(d.x_RH, tpe), got_scales, exp_rows, exp_scales, rank, w)
+        rows = oracle.dispatch_bad_rows(d, w, rank, dev)
         out = b.combine(oracle.expert_outputs(d, rank, w), d.handle)
-        tokens = reference.combine_bad_tokens(out, reference.expected_combine(payload, idx, wt, w, s))
+        tokens = oracle.combine_bad_tokens(out, payload, idx, wt, w, s)
     except Exception as e:  # noqa: BLE001 - an output the oracle cannot even read is a wrong output
         return {"rows": [], "tokens": [], "error": f"{type(e).__name__}: {str(e)[:200]}"}
     if not rows and not tokens:

@@ -74,3 +74,27 @@ def test_check_combine_catches_a_lost_slot_and_a_wrong_weight():
     wrong = wt.clone()
     wrong[9] = wrong[9].flip(0)
     assert "token 9" in reference.check_combine(reference.expected_combine(x, idx, wrong, w), good)
+
+
+def test_bad_rows_are_counted_per_expert_in_one_pass():
+    w = wl(routing="uniform")
+    rows, _ = reference.expected_dispatch(w, 1)
+    assert reference.dispatch_bad_rows(rows, None, rows, None, 1, w) == []
+    got = [r.clone() for r in rows]
+    got[0][:2] += 1                                   # two corrupted rows of the rank's first expert
+    got[1] = got[1][1:]                               # one missing row of its second
+    got[1] = torch.cat([got[1], rows[0][:1]])         # and a row that belongs to another expert in its place
+    first = 1 * w.local_experts
+    assert reference.dispatch_bad_rows(got, None, rows, None, 1, w) == [(first, 2), (first + 1, 1)]
+    assert "differ" in reference.check_dispatch(got, None, rows, None, 1, w)
+
+
+def test_bad_rows_count_scales_and_rows_of_another_width():
+    w = wl(dtype="fp8")
+    rows, scales = reference.expected_dispatch(w, 0)
+    bad = [s.clone() for s in scales]
+    bad[1][0, 0] *= 2
+    assert reference.dispatch_bad_rows(rows, bad, rows, scales, 0, w) == [(1, 1)]
+    narrow = [r[:, :64] for r in rows]
+    assert reference.dispatch_bad_rows(narrow, scales, rows, scales, 0, w) == [
+        (j, r.shape[0]) for j, r in enumerate(rows) if r.shape[0]]
