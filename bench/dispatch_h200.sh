@@ -5,9 +5,11 @@
 #   ep1     alltoall and mcore-alltoall at EP 1 (T 4096, H 7168, K 8, E 256, bf16): times and memory columns
 #   shared  deepep, deepep-ll and hybridep at EP 2 with 2 ranks sharing the GPU (T 64, H 2048, K 4, E 16),
 #           each soaked with $SOAK (default 2000) calls on fresh routing: memory rows and soak records
-#           (functional: shared-GPU times are no performance figures)
+#           (functional: shared-GPU times are no performance figures); SHARED_BACKENDS picks fewer,
+#           SOAK_TIMEOUT (default 480 s) is each backend's soak budget, so one backend fits a 600 s device call
 #   gputier pytest -m gpu over tests/ with the DeepEP build on the path, timed (goal: under 5 minutes)
 # Usage on the device: MOEBENCH_GIT_SHA=<sha> bash bench/dispatch_h200.sh ep1 shared gputier
+#   one backend's soak per device call: SHARED_BACKENDS=hybridep bash bench/dispatch_h200.sh shared
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; exec > >(tee -a "$OUT/dispatch-h200.txt") 2>&1
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -21,16 +23,18 @@ ep1)
     --topk 8 --iters 30 --out "$OUT/dispatch-memory-ep1-h200.jsonl" ;;
 shared)
   use_deepep_build
-  step "deepep, deepep-ll, hybridep: EP 2 on one GPU, memory rows and soaks of ${SOAK:-2000} calls"
-  timeout 560 $D --ep 2 --ranks-per-gpu 2 --backend deepep,deepep-ll,hybridep --num-tokens 64 --hidden 2048 \
-    --num-experts 16 --topk 4 --iters 20 --soak "${SOAK:-2000}" --timeout 240 \
+  B=${SHARED_BACKENDS:-deepep,deepep-ll,hybridep}
+  step "$B: EP 2 on one GPU, memory rows and soaks of ${SOAK:-2000} calls (--timeout ${SOAK_TIMEOUT:-480} s each)"
+  timeout "${SHARED_TIMEOUT:-580}" $D --ep 2 --ranks-per-gpu 2 --backend "$B" --num-tokens 64 --hidden 2048 \
+    --num-experts 16 --topk 4 --iters 20 --soak "${SOAK:-2000}" --timeout "${SOAK_TIMEOUT:-480}" \
     --out "$OUT/dispatch-shared-soak-h200.jsonl" ;;
 gputier)
   use_deepep_build
   step "pytest -m gpu tests (DeepEP on the path)"
-  timeout "${TIER_TIMEOUT:-330}" python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=15 2>&1 \
-    | tail -40 | tee "$OUT/gpu-tier.log"
-  echo "gpu tier rc=${PIPESTATUS[0]}" ;;
+  # -v and a seconds-since-start stamp per line: which tests took the time, even when the timeout cuts the run
+  timeout "${TIER_TIMEOUT:-330}" python3 -m pytest -v -m gpu tests -p no:cacheprovider --durations=25 2>&1 \
+    | { t0=$SECONDS; while IFS= read -r l; do printf '%4d %s\n' $((SECONDS - t0)) "$l"; done; } > "$OUT/gpu-tier.log"
+  echo "gpu tier rc=${PIPESTATUS[0]}"; grep -E "passed|failed|error" "$OUT/gpu-tier.log" | tail -3 ;;
 *) echo "unknown step $s" ;;
 esac; done
 step done

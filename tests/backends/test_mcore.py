@@ -98,15 +98,6 @@ def test_combine_applies_probs():
 # ---------------------------------------------------------------- GPU tier
 @needs_mcore
 @pytest.mark.gpu
-def test_mcore_alltoall_oracle_on_gpu():
-    w = Workload(num_tokens=1024, hidden=2048, num_experts=32, topk=8, ep=1)
-    r = run_backend(RunSpec(w, ("mcore-alltoall",), device="cuda", iters=5, warmup_ms=20), "mcore-alltoall", measure=False)
-    assert r.status == "PASS", r.error
-    assert r.phases["dispatch"]["median_us"] > 0
-
-
-@needs_mcore
-@pytest.mark.gpu
 def test_dispatch_cli_mcore_beside_raw(tmp_path):
     out = tmp_path / "d.jsonl"
     rc = dispatch.main(["--ep", "1", "--num-tokens", "1024", "--hidden", "2048", "--num-experts", "32",
@@ -115,6 +106,7 @@ def test_dispatch_cli_mcore_beside_raw(tmp_path):
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert rc == 0
     assert {(r["backend"]["name"], r["check"]["status"]) for r in recs} == {("mcore-alltoall", "PASS"), ("alltoall", "PASS")}
+    assert all(r["timing"]["median_us"] > 0 for r in recs)
 
 
 @needs_mcore

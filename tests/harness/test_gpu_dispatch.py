@@ -13,18 +13,6 @@ def run(tmp_path, *argv):
     return rc, read_records(out)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
-def test_nccl_path_ep1_passes_the_oracle(tmp_path, dtype):
-    rc, recs = run(tmp_path, "--ep", "1", "--num-tokens", "1024", "--hidden", "2048",
-                   "--num-experts", "64", "--dtype", dtype)
-    assert rc == 0
-    assert {r["check"]["status"] for r in recs} == {"PASS"}
-    assert all(r["timing"]["timer"] == "cuda-event" and r["timing"]["median_us"] > 0 for r in recs)
-    assert all(r["traffic"]["busbw_GBps"] == 0 for r in recs)     # one rank: nothing crosses a link
-    assert recs[0]["env"]["gpu"] and recs[0]["env"]["nccl"]
-
-
 @pytest.mark.multigpu
 def test_nccl_path_all_gpus(tmp_path):
     n = torch.cuda.device_count()
@@ -40,10 +28,14 @@ def test_nccl_path_all_gpus(tmp_path):
 def test_no_view_is_faster_than_the_kernels_it_must_contain(tmp_path, dtype):
     """Every view of a phase moves the same data, so none can take less time than the phase's
     data-moving kernels (cached: the permute, the exchange and the sort still run); the graph view replays
-    the cached calls, checked against the oracle, and api - graph is recorded."""
+    the cached calls, checked against the oracle, and api - graph is recorded. The NCCL path at EP 1 passes
+    the oracle, is timed by CUDA events, and moves nothing over a link."""
     rc, recs = run(tmp_path, "--ep", "1", "--num-tokens", "4096", "--hidden", "7168", "--num-experts", "256",
                    "--dtype", dtype, "--iters", "10")
     assert rc == 0 and {r["check"]["status"] for r in recs} == {"PASS"}, [r["check"] for r in recs]
+    assert all(r["timing"]["timer"] == "cuda-event" and r["timing"]["median_us"] > 0 for r in recs)
+    assert all(r["traffic"]["busbw_GBps"] == 0 for r in recs)     # one rank: nothing crosses a link
+    assert recs[0]["env"]["gpu"] and recs[0]["env"]["nccl"]
     for r in recs:
         ksum = r["timing"]["kernel_sum_us"]
         cached, graph = r["views"]["cached"], r["views"]["graph"]
