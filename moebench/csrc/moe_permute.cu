@@ -102,6 +102,20 @@ __device__ __forceinline__ long long load_idx(const void* idx, bool idx64, int64
   return idx64 ? static_cast<const long long*>(idx)[s] : static_cast<const int*>(idx)[s];
 }
 
+// Programmatic dependent launch (sm_90+; variant bit 15): the next kernel in the stream may start once
+// every CTA of this one has triggered, and waits for this one's completion (and its memory) where it
+// calls pdl_wait. Both are no-ops for a kernel launched the ordinary way, or with no such neighbour.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // ------------------------------------------------------------------ route_rank
 template <int ITEMS>
 __global__ void __launch_bounds__(kThreads) route_rank_kernel(const void* __restrict__ idx,
@@ -111,6 +125,7 @@ __global__ void __launch_bounds__(kThreads) route_rank_kernel(const void* __rest
                                                               unsigned* __restrict__ done) {
   extern __shared__ int32_t cnt[];  // [kWarps][E]: running count, then exclusive warp prefix
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  pdl_trigger();                    // route_scan (PDL) may be scheduled now; it waits for this kernel's end
   if (blockIdx.x == 0 && threadIdx.x == 0) *done = 0;  // route_scan's arrival counter
   for (int i = threadIdx.x; i < kWarps * E; i += kThreads) cnt[i] = 0;
   const int64_t wbase = (int64_t)blockIdx.x * kThreads * ITEMS + (int64_t)warp * 32 * ITEMS;
@@ -170,8 +185,11 @@ __global__ void __launch_bounds__(1024) route_scan_kernel(int32_t* __restrict__ 
                                                           unsigned* __restrict__ done) {
   __shared__ int32_t red[32][33];
   __shared__ int32_t wsum[32];
+  __shared__ int32_t total_sh;
   __shared__ bool last;
   const int lane = threadIdx.x, g = threadIdx.y, tid = g * 32 + lane;
+  pdl_wait();                       // launched as a dependent of route_rank: its counts are complete
+  pdl_trigger();                    // the rows kernel (PDL) may start its first loads now
   const int e = blockIdx.x * 32 + lane;
   const int nbg = (NB + 31) / 32, b0 = min(NB, g * nbg), b1 = min(NB, b0 + nbg);
   int c[kScanKeep], sum = 0;
@@ -216,10 +234,7 @@ __global__ void __launch_bounds__(1024) route_scan_kernel(int32_t* __restrict__ 
     wsum[lane] = x - v;  // exclusive
     if (lane == 31) {
       total_dev[0] = x;
-      if (total_host) {
-        *(volatile int32_t*)total_host = x;
-        __threadfence_system();
-      }
+      total_sh = x;
     }
   }
   __syncthreads();
@@ -231,7 +246,15 @@ __global__ void __launch_bounds__(1024) route_scan_kernel(int32_t* __restrict__ 
     estart_out[i] = run;
     run += p;
   }
+  if (!total_host) return;
+  // the host copy of the row count last, after every thread's tokens per expert: a host that polls the
+  // row count (PDL, no event between this kernel and the copy) then reads complete counts
   if (tpe_host) __threadfence_system();
+  __syncthreads();
+  if (tid == 0) {
+    *(volatile int32_t*)total_host = total_sh;
+    __threadfence_system();
+  }
 }
 
 // ------------------------------------------------------------------ permute_copy
@@ -785,6 +808,7 @@ int launch_sort_chunks(const void* x, int64_t rb, int64_t R, const int64_t* size
 // ------------------------------------------------------------------ permute: index work and copy choice
 constexpr int kNotRows = 16 | 256 | 8192;  // variant bits that pick another copy than permute_rows
 constexpr int kUnfused = 16384;            // permute_rows after route_rank / route_scan
+constexpr int kPdl = 32768;                // route_scan and permute_rows as programmatic dependent launches
 
 int64_t fused_count_words(int64_t n, int E) {
   return E <= kFusedMaxE ? std::min<int64_t>(std::max<int64_t>(n, 1), kFusedMaxCtas) * E : 0;
@@ -817,7 +841,7 @@ Workspace workspace_layout(void* ws, int64_t n, int E, int pad) {
 // route_rank + route_scan: each slot's rank in its block, block bases, expert starts, tokens per
 // expert and the row count (to host_total / host_tpe too when given).
 int launch_index(const Workspace& w, const void* idx, bool idx64, int64_t n, int E, int pad, int32_t* tpe,
-                 int32_t* host_total, int32_t* host_tpe, cudaStream_t stream) {
+                 int32_t* host_total, int32_t* host_tpe, bool pdl, cudaStream_t stream) {
   const size_t smem_rank = sizeof(int32_t) * kWarps * (size_t)E;
 #define MOE_RANK(I)                                                                         \
   case I:                                                                                   \
@@ -830,19 +854,23 @@ int launch_index(const Workspace& w, const void* idx, bool idx64, int64_t n, int
   switch (w.items) { MOE_RANK(1) MOE_RANK(2) MOE_RANK(4) MOE_RANK(8) MOE_RANK(16) }
 #undef MOE_RANK
   MOE_CHECK_LAUNCH("route_rank_kernel");
-  route_scan_kernel<<<(unsigned)cdiv(E, 32), dim3(32, 32), 0, stream>>>(w.base, w.NB, E, pad, tpe, w.estart,
-                                                                     w.ecount, w.total, host_total,
-                                                                     host_tpe, w.done);
-  MOE_CHECK_LAUNCH("route_scan_kernel");
-  return 0;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  cfg.gridDim = dim3((unsigned)cdiv(E, 32));
+  cfg.blockDim = dim3(32, 32);
+  cfg.stream = stream;
+  pdl_attr(cfg, attr, pdl);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, route_scan_kernel, w.base, w.NB, E, pad, tpe, w.estart, w.ecount,
+                                           w.total, host_total, host_tpe, w.done);
+  return e == cudaSuccess ? 0 : fail("route_scan_kernel", e);
 }
 
 // The copy after the index kernels: the destination-order gather (bit 8), the rows kernel
 // (default), the one-row bulk kernel (bit 13, or rows that do not fit shared memory), the warp copy
 // (bit 4, or rows the bulk copies cannot move); each returns 1 when it does not apply.
-int copy_after_index(const CopyArgs& a, const Workspace& w, int variant, int dev, cudaStream_t st) {
+int copy_after_index(const CopyArgs& a, const Workspace& w, int variant, bool pdl, int dev, cudaStream_t st) {
   int rc = (variant & 256) ? gather_copy(a, w.NB, w.ecount, w.inv, variant, dev, st) : 1;
-  if (rc == 1 && !(variant & kNotRows)) rc = rows_copy(a, variant, dev, st);
+  if (rc == 1 && !(variant & kNotRows)) rc = rows_copy(a, variant, pdl, dev, st);
   if (rc == 1 && !(variant & 16)) rc = bulk_copy(a, variant, dev, st);
   if (rc == 1) rc = warp_copy(a, variant, st);
   return rc < 0 ? -1 : 0;
@@ -890,13 +918,16 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
     fused = rows_fused(a, FusedOut{pad, w.ecount, tpe, w.total, host_total, host_tpe, w.fused}, variant, dev, stream);
     if (fused < 0) return -1;
   }
+  // PDL: no event between the index kernels and the copy (it would order them again); the host polls the
+  // row count that route_scan writes to mapped memory, as it does for the fused kernel
+  const bool pdl = (variant & kPdl) && device_attr(cudaDevAttrComputeCapabilityMajor, dev) >= 9;
   if (fused) {
-    if (launch_index(w, idx, idx_bytes == 8, n, E, pad, tpe, host_total, host_tpe, stream) < 0) return -1;
-    if (wait) {
+    if (launch_index(w, idx, idx_bytes == 8, n, E, pad, tpe, host_total, host_tpe, pdl, stream) < 0) return -1;
+    if (wait && !pdl) {
       cudaError_t e = cudaEventRecord(hs->ev[slot], stream);
       if (e != cudaSuccess) return fail("moe_permute: event record", e);
     }
-    if (T > 0 && copy_after_index(a, w, variant, dev, stream) < 0) return -1;
+    if (T > 0 && copy_after_index(a, w, variant, pdl, dev, stream) < 0) return -1;
   }
   if (pad > 1) {
     zero_pad_kernel<<<E, kThreads, 0, stream>>>(static_cast<uint8_t*>(out), x_row_bytes,
@@ -906,7 +937,7 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
     MOE_CHECK_LAUNCH("zero_pad_kernel");
   }
   if (!wait) return 0;
-  if (!fused) return poll_row_count(host_total, stream);
+  if (!fused || pdl) return poll_row_count(host_total, stream);
   cudaError_t e = cudaEventSynchronize(hs->ev[slot]);
   if (e != cudaSuccess) return fail("moe_permute: waiting for the row count", e);
   return *(volatile int32_t*)host_total;

@@ -304,6 +304,7 @@ __global__ void __launch_bounds__(32, kRowsMaxPerSm) permute_rows_kernel(const _
     load_rows<EF>(a, sbuf, t0, 0, early, mb, pol);
   }
   int est[32], per = 1;
+  if constexpr (!FUSED) pdl_wait();  // a dependent launch (variant bit 15): the index kernels' outputs from here
   if constexpr (FUSED) {
     count_slots(a, reinterpret_cast<int32_t*>(sbuf + a.hist_off), t0 * a.K, t1 * a.K, lane);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // histogram accesses before the loads over it
@@ -373,8 +374,17 @@ int rows_per_cta(int variant, int64_t rb) {
   return c ? c : (int)std::max<int64_t>(1, std::min<int64_t>(kRowsMaxC, kRowsAutoBytes / rb));
 }
 
+// The launch attribute of a programmatic dependent launch, when pdl; none otherwise.
+void pdl_attr(cudaLaunchConfig_t& cfg, cudaLaunchAttribute* attr, bool pdl) {
+  if (!pdl) return;
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+}
+
 template <bool FUSED, bool EF>
-int launch_rows(RowsArgs ra, int dev, cudaStream_t st) {
+int launch_rows(RowsArgs ra, bool pdl, int dev, cudaStream_t st) {
   auto kern = permute_rows_kernel<FUSED, EF>;
   const int64_t need = std::max<int64_t>(ra.C * ra.rb, FUSED ? 4 * (int64_t)ra.E : 0);
   const int smem = (int)cdiv(need, 16) * 16;
@@ -395,6 +405,8 @@ int launch_rows(RowsArgs ra, int dev, cudaStream_t st) {
     attr[0].val.cooperative = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
+  } else {
+    pdl_attr(cfg, attr, pdl);
   }
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, ra);
   if (e == cudaSuccess) return 0;
@@ -431,12 +443,13 @@ int rows_applicable(const CopyArgs& a, int variant, int dev) {
   return (C > kRowsMaxC || C * a.K > 32 * kRowsLaneSlots) ? 0 : C;
 }
 
-// After route_rank / route_scan (variant bit 14, or where the fused kernel cannot run).
-int rows_copy(const CopyArgs& a, int variant, int dev, cudaStream_t st) {
+// After route_rank / route_scan (variant bit 14, or where the fused kernel cannot run); pdl: as a
+// programmatic dependent launch after route_scan (variant bit 15).
+int rows_copy(const CopyArgs& a, int variant, bool pdl, int dev, cudaStream_t st) {
   const int C = rows_applicable(a, variant, dev);
   if (C == 0) return 1;
   const RowsArgs r = rows_args(a, C);
-  return (variant & 1) ? launch_rows<false, false>(r, dev, st) : launch_rows<false, true>(r, dev, st);
+  return (variant & 1) ? launch_rows<false, false>(r, pdl, dev, st) : launch_rows<false, true>(r, pdl, dev, st);
 }
 
 // What only the fused kernel writes (route_scan's outputs) and where its counts go.
@@ -456,12 +469,13 @@ int rows_fused(const CopyArgs& a, const FusedOut& f, int variant, int dev, cudaS
   r.pad = f.pad;
   r.bar = barrier_word(dev, st);
   if (!r.bar) return 1;
-  return (variant & 1) ? launch_rows<true, false>(r, dev, st) : launch_rows<true, true>(r, dev, st);
+  return (variant & 1) ? launch_rows<true, false>(r, false, dev, st) : launch_rows<true, true>(r, false, dev, st);
 }
 
-// The host's wait for the fused kernel's row count: the copy runs in the same kernel, so no
-// event marks the end of the index work; poll the mapped host word, asking the stream now and
-// then whether it failed or ended without writing it.
+// The host's wait for the row count where no event marks the end of the index work (the fused
+// kernel: the copy runs in the same kernel; PDL: an event would order the copy after the index
+// kernels again): poll the mapped host word, asking the stream now and then whether it failed or
+// ended without writing it.
 int64_t poll_row_count(const int32_t* host_total, cudaStream_t st) {
   for (unsigned spin = 1;; ++spin) {
     const int32_t v = *(volatile const int32_t*)host_total;
@@ -471,7 +485,7 @@ int64_t poll_row_count(const int32_t* host_total, cudaStream_t st) {
     if (q == cudaErrorNotReady) continue;
     const int32_t w = *(volatile const int32_t*)host_total;
     if (q == cudaSuccess && w >= 0) return w;
-    return q == cudaSuccess ? fail("moe_permute: the fused kernel ended without a row count")
+    return q == cudaSuccess ? fail("moe_permute: the index work ended without a row count")
                             : fail("moe_permute: waiting for the row count", q);
   }
 }
