@@ -20,7 +20,7 @@ def expected_dispatch(w: Workload, rank: int, device="cpu"):
     the host, where the inputs are drawn, and moved to `device` in one copy (no per-expert host syncs).
     """
     L = w.local_experts
-    rows, scales, experts = [], [], []
+    picks = []                                                           # (payload, scales, token ids, experts)
     for src in range(w.ep):
         x, idx, _, q, s = rank_inputs(w, src)
         local = idx - rank * L
@@ -28,16 +28,23 @@ def expected_dispatch(w: Workload, rank: int, device="cpu"):
         onehot = torch.zeros(idx.shape[0], L, dtype=torch.bool)
         onehot[hit.nonzero(as_tuple=True)[0], local[hit]] = True       # a token routed twice to one expert: one row
         t, j = onehot.nonzero(as_tuple=True)                             # by token, then expert
-        rows.append((q if q is not None else x)[t])
-        experts.append(j)
-        if s is not None:
-            scales.append(s[t])
-    j = torch.cat(experts)
+        picks.append((q if q is not None else x, s, t, j))
+    j = torch.cat([p[3] for p in picks])
     order = j.argsort(stable=True)                                       # by expert, then source rank, then token
+    at = torch.empty_like(order)
+    at[order] = torch.arange(order.numel())                              # each pick's output row
+    payload, scales = picks[0][0], picks[0][1]
+    out = payload.new_empty(order.numel(), *payload.shape[1:])
+    out_s = scales.new_empty(order.numel(), *scales.shape[1:]) if scales is not None else None
+    o = 0
+    raw = lambda a: a.view(torch.uint8)                                  # noqa: E731 - bytes: any dtype, fp8 too
+    for p, sc, t, _ in picks:                                            # one copy of each row, straight to its place
+        raw(out).index_copy_(0, at[o:o + t.numel()], raw(p).index_select(0, t))
+        if out_s is not None:
+            raw(out_s).index_copy_(0, at[o:o + t.numel()], raw(sc).index_select(0, t))
+        o += t.numel()
     counts = torch.bincount(j, minlength=L).tolist()
-    out_rows = list(torch.cat(rows)[order].to(device).split(counts))
-    out_scales = list(torch.cat(scales)[order].to(device).split(counts)) if w.dtype == "fp8" else None
-    return out_rows, out_scales
+    return list(out.to(device).split(counts)), (list(out_s.to(device).split(counts)) if out_s is not None else None)
 
 
 def expert_factors(rank: int, w: Workload, device, dtype=torch.float32) -> torch.Tensor:
@@ -63,12 +70,34 @@ def expected_combine(x_TH, topk_idx_TK, topk_w_TK, w: Workload, scales_TS=None) 
     return (y * (topk_w_TK * valid)[..., None]).sum(1).to(torch.bfloat16)
 
 
-def _row_keys(x: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
-    """Rows as int32 words so that comparison is bitwise whatever the payload dtype."""
-    key = x.view(torch.int16).to(torch.int32) if x.element_size() == 2 else x.view(torch.uint8).to(torch.int32)
-    if scales is not None:
-        key = torch.cat([key, scales.contiguous().view(torch.int32)], dim=1)
-    return key
+_EXPERT_MIX = 0x9E3779B97F4A7C15 - 2**64     # an odd 64-bit constant as a signed int64
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """Rows [N, ...] as int64 words, whatever the dtype: 8-byte words where the row's bytes allow it, else
+    4-byte or single bytes widened (the comparison is bitwise either way)."""
+    b = t.reshape(t.shape[0], -1).contiguous().view(torch.uint8)
+    if b.shape[1] % 8 == 0:
+        return b.view(torch.int64)
+    return b.view(torch.int32).to(torch.int64) if b.shape[1] % 4 == 0 else b.to(torch.int64)
+
+
+def _row_hashes(x: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+    """A 64-bit hash of each row's bytes and its scales' bytes: a random linear form over the rows' 64-bit
+    words, wrapping, so that two different rows collide with probability ~2^-60."""
+    g = torch.Generator().manual_seed(11)
+    h = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+    for part in (x, scales) if scales is not None else (x,):
+        w = _words(part)
+        coef = torch.randint(-2**63, 2**63 - 1, (w.shape[1],), generator=g, dtype=torch.int64) | 1
+        h = h * _EXPERT_MIX + (w * coef.to(w.device)).sum(1)
+    return h
+
+
+def _row_bytes(rows: list[torch.Tensor], scales) -> tuple:
+    """The byte width of a row and of its scales (None without scales)."""
+    width = lambda t: t.shape[1:].numel() * t.element_size()  # noqa: E731
+    return width(rows[0]), (width(scales[0]) if scales is not None else None)
 
 
 def check_dispatch(got_rows: list[torch.Tensor], got_scales, exp_rows, exp_scales, rank: int, w: Workload) -> str:
@@ -110,11 +139,6 @@ def check_combine(out_TH: torch.Tensor, expected_TH: torch.Tensor, rel_tol: floa
     return ""
 
 
-def _row_hashes(key: torch.Tensor) -> torch.Tensor:
-    coef = torch.randint(1, 2**31 - 1, (key.shape[1],), generator=torch.Generator().manual_seed(11))
-    return (key.to(torch.int64) * coef.to(key.device)).sum(1)
-
-
 def dispatch_bad_rows(got_rows: list[torch.Tensor], got_scales, exp_rows, exp_scales, rank: int,
                       w: Workload) -> list[tuple[int, int]]:
     """[(global expert, rows wrong)] for the local experts whose received rows are not the expected multiset:
@@ -123,20 +147,21 @@ def dispatch_bad_rows(got_rows: list[torch.Tensor], got_scales, exp_rows, exp_sc
     L, first = len(exp_rows), rank * w.local_experts
     n_got, n_exp = [g.shape[0] for g in got_rows], [e.shape[0] for e in exp_rows]
     dev = got_rows[0].device if got_rows else torch.device("cpu")
-    gk = _row_keys(torch.cat(got_rows), torch.cat(got_scales) if got_scales is not None else None)
-    ek = _row_keys(torch.cat(exp_rows).to(dev), torch.cat(exp_scales).to(dev) if exp_scales is not None else None)
-    if gk.shape[1] != ek.shape[1]:                     # rows of another width: every row of every expert is wrong
-        return [(first + j, max(g, e)) for j, (g, e) in enumerate(zip(n_got, n_exp)) if max(g, e)]
-    if not gk.shape[0] + ek.shape[0]:
+    if not sum(n_got) + sum(n_exp):
         return []
+    if _row_bytes(got_rows, got_scales) != _row_bytes(exp_rows, exp_scales):   # rows of another width: all wrong
+        return [(first + j, max(g, e)) for j, (g, e) in enumerate(zip(n_got, n_exp)) if max(g, e)]
+    gh = _row_hashes(torch.cat(got_rows), torch.cat(got_scales) if got_scales is not None else None)
+    eh = _row_hashes(torch.cat(exp_rows).to(dev), torch.cat(exp_scales).to(dev) if exp_scales is not None else None)
     expert = torch.repeat_interleave(torch.arange(L, device=dev).repeat(2), torch.tensor(n_got + n_exp, device=dev))
-    keys = torch.stack([torch.cat([_row_hashes(gk), _row_hashes(ek)]), expert], dim=1)
-    sign = torch.cat([torch.ones(gk.shape[0], dtype=torch.int64, device=dev),
-                      -torch.ones(ek.shape[0], dtype=torch.int64, device=dev)])
-    uniq, inv = torch.unique(keys, dim=0, return_inverse=True)
-    net = torch.zeros(uniq.shape[0], dtype=torch.int64, device=dev).scatter_add_(0, inv, sign)
-    extra = torch.zeros(L, dtype=torch.int64, device=dev).scatter_add_(0, uniq[:, 1], net.clamp(min=0))
-    missing = torch.zeros(L, dtype=torch.int64, device=dev).scatter_add_(0, uniq[:, 1], (-net).clamp(min=0))
+    # (row, expert) as one int64 key: the row's hash plus the expert times an odd constant (wrapping)
+    keys = torch.cat([gh, eh]) + expert * _EXPERT_MIX
+    sign = torch.cat([torch.ones(len(gh), dtype=torch.int64, device=dev), -torch.ones(len(eh), dtype=torch.int64, device=dev)])
+    _, inv = torch.unique(keys, return_inverse=True)
+    net = torch.zeros(int(inv.numel()), dtype=torch.int64, device=dev).scatter_add_(0, inv, sign)
+    owner = torch.zeros_like(net).scatter_(0, inv, expert)               # the expert of each distinct key
+    extra = torch.zeros(L, dtype=torch.int64, device=dev).scatter_add_(0, owner, net.clamp(min=0))
+    missing = torch.zeros(L, dtype=torch.int64, device=dev).scatter_add_(0, owner, (-net).clamp(min=0))
     bad = torch.maximum(extra, missing).tolist()
     return [(first + j, n) for j, n in enumerate(bad) if n]
 
