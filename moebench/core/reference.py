@@ -70,27 +70,26 @@ def expected_combine(x_TH, topk_idx_TK, topk_w_TK, w: Workload, scales_TS=None) 
     return (y * (topk_w_TK * valid)[..., None]).sum(1).to(torch.bfloat16)
 
 
-_EXPERT_MIX = 0x9E3779B97F4A7C15 - 2**64     # an odd 64-bit constant as a signed int64
+_MIX = 0x9E3779B97F4A7C15 - 2**64     # an odd 64-bit constant as a signed int64
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
-    """Rows [N, ...] as int64 words, whatever the dtype: 8-byte words where the row's bytes allow it, else
-    4-byte or single bytes widened (the comparison is bitwise either way)."""
+    """Rows [N, ...] as the int64 values of their 32-bit words (of their bytes where the width is no
+    multiple of 4), whatever the dtype."""
     b = t.reshape(t.shape[0], -1).contiguous().view(torch.uint8)
-    if b.shape[1] % 8 == 0:
-        return b.view(torch.int64)
     return b.view(torch.int32).to(torch.int64) if b.shape[1] % 4 == 0 else b.to(torch.int64)
 
 
 def _row_hashes(x: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
-    """A 64-bit hash of each row's bytes and its scales' bytes: a random linear form over the rows' 64-bit
-    words, wrapping, so that two different rows collide with probability ~2^-60."""
+    """A 64-bit hash of each row's bytes and its scales' bytes: a random linear form over the rows' words
+    (coefficients below 2^31, words below 2^32 in size), so that two different rows collide with probability
+    about 2^-31."""
     g = torch.Generator().manual_seed(11)
     h = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
     for part in (x, scales) if scales is not None else (x,):
         w = _words(part)
-        coef = torch.randint(-2**63, 2**63 - 1, (w.shape[1],), generator=g, dtype=torch.int64) | 1
-        h = h * _EXPERT_MIX + (w * coef.to(w.device)).sum(1)
+        coef = torch.randint(1, 2**31 - 1, (w.shape[1],), generator=g, dtype=torch.int64)
+        h = h * _MIX + (w * coef.to(w.device)).sum(1)
     return h
 
 
@@ -100,16 +99,57 @@ def _row_bytes(rows: list[torch.Tensor], scales) -> tuple:
     return width(rows[0]), (width(scales[0]) if scales is not None else None)
 
 
+def _tally(got_rows: list[torch.Tensor], got_scales, exp_rows, exp_scales):
+    """(rows wrong per local expert [L], the keys of the received and of the expected rows, or None when
+    there is nothing to key): a row's key is its hash plus its expert times an odd constant; per expert,
+    the received keys that are not expected (corrupted, misrouted, extra) or the expected ones that are
+    missing, whichever is more. One pass over every expert's rows and one host sync."""
+    L = len(exp_rows)
+    n_got, n_exp = [g.shape[0] for g in got_rows], [e.shape[0] for e in exp_rows]
+    if _row_bytes(got_rows, got_scales) != _row_bytes(exp_rows, exp_scales):   # rows of another width: all wrong
+        return [max(g, e) for g, e in zip(n_got, n_exp)], None
+    if not sum(n_got) + sum(n_exp):
+        return [0] * L, None
+    dev = got_rows[0].device
+    expert = torch.repeat_interleave(torch.arange(L, device=dev).repeat(2), torch.tensor(n_got + n_exp, device=dev))
+    keys = torch.cat([_row_hashes(torch.cat(got_rows), torch.cat(got_scales) if got_scales is not None else None),
+                      _row_hashes(torch.cat(exp_rows).to(dev),
+                                  torch.cat(exp_scales).to(dev) if exp_scales is not None else None)]) + expert * _MIX
+    sign = torch.cat([torch.ones(sum(n_got), dtype=torch.int64, device=dev),
+                      -torch.ones(sum(n_exp), dtype=torch.int64, device=dev)])
+    _, inv = torch.unique(keys, return_inverse=True)
+    net = torch.zeros(int(inv.numel()), dtype=torch.int64, device=dev).scatter_add_(0, inv, sign)
+    owner = torch.zeros_like(net).scatter_(0, inv, expert)               # the expert of each distinct key
+    extra = torch.zeros(L, dtype=torch.int64, device=dev).scatter_add_(0, owner, net.clamp(min=0))
+    missing = torch.zeros(L, dtype=torch.int64, device=dev).scatter_add_(0, owner, (-net).clamp(min=0))
+    return torch.maximum(extra, missing).tolist(), (keys[:sum(n_got)], keys[sum(n_got):])
+
+
+def _raw(rows: list[torch.Tensor], scales) -> torch.Tensor:
+    """Every row's bytes and its scales' bytes, one row each."""
+    b = torch.cat(rows).flatten(1).view(torch.uint8)
+    return torch.cat([b, torch.cat(scales).flatten(1).contiguous().view(torch.uint8)], 1) if scales is not None else b
+
+
 def check_dispatch(got_rows: list[torch.Tensor], got_scales, exp_rows, exp_scales, rank: int, w: Workload) -> str:
-    """'' when each local expert received exactly the expected multiset of rows; else the first difference."""
+    """'' when each local expert received exactly the expected multiset of rows, bit for bit; else the first
+    difference."""
     for j, (g, e) in enumerate(zip(got_rows, exp_rows)):
         if g.shape[0] != e.shape[0]:
             return f"rank {rank} expert {rank * w.local_experts + j}: received {g.shape[0]} rows, expected {e.shape[0]}"
-    bad = dispatch_bad_rows(got_rows, got_scales, exp_rows, exp_scales, rank, w)
-    if bad:
-        return (f"rank {rank} expert {bad[0][0]}: received rows differ from the expected tokens (misrouted or "
-                f"corrupted payload)")
-    return ""
+    bad, keys = _tally(got_rows, got_scales, exp_rows, exp_scales)
+    wrong = next((j for j, n in enumerate(bad) if n), None)
+    if wrong is None and keys is not None:      # the keys agree: confirm byte for byte, rows in key order
+        gk, ek = keys
+        dev = gk.device
+        same = torch.equal(_raw(got_rows, got_scales)[gk.argsort()],
+                           _raw([e.to(dev) for e in exp_rows], [s.to(dev) for s in exp_scales] if exp_scales else None)
+                           [ek.argsort()])
+        wrong = None if same else 0
+    if wrong is None:
+        return ""
+    return (f"rank {rank} expert {rank * w.local_experts + wrong}: received rows differ from the expected tokens "
+            f"(misrouted or corrupted payload)")
 
 
 def counts(tokens_per_expert) -> list[int]:
@@ -141,29 +181,11 @@ def check_combine(out_TH: torch.Tensor, expected_TH: torch.Tensor, rel_tol: floa
 
 def dispatch_bad_rows(got_rows: list[torch.Tensor], got_scales, exp_rows, exp_scales, rank: int,
                       w: Workload) -> list[tuple[int, int]]:
-    """[(global expert, rows wrong)] for the local experts whose received rows are not the expected multiset:
-    rows that are not among the expected ones (corrupted, misrouted or extra), or missing rows; [] when all are
-    right. One pass over every expert's rows and one host sync, so that a soak's call costs few round trips."""
-    L, first = len(exp_rows), rank * w.local_experts
-    n_got, n_exp = [g.shape[0] for g in got_rows], [e.shape[0] for e in exp_rows]
-    dev = got_rows[0].device if got_rows else torch.device("cpu")
-    if not sum(n_got) + sum(n_exp):
-        return []
-    if _row_bytes(got_rows, got_scales) != _row_bytes(exp_rows, exp_scales):   # rows of another width: all wrong
-        return [(first + j, max(g, e)) for j, (g, e) in enumerate(zip(n_got, n_exp)) if max(g, e)]
-    gh = _row_hashes(torch.cat(got_rows), torch.cat(got_scales) if got_scales is not None else None)
-    eh = _row_hashes(torch.cat(exp_rows).to(dev), torch.cat(exp_scales).to(dev) if exp_scales is not None else None)
-    expert = torch.repeat_interleave(torch.arange(L, device=dev).repeat(2), torch.tensor(n_got + n_exp, device=dev))
-    # (row, expert) as one int64 key: the row's hash plus the expert times an odd constant (wrapping)
-    keys = torch.cat([gh, eh]) + expert * _EXPERT_MIX
-    sign = torch.cat([torch.ones(len(gh), dtype=torch.int64, device=dev), -torch.ones(len(eh), dtype=torch.int64, device=dev)])
-    _, inv = torch.unique(keys, return_inverse=True)
-    net = torch.zeros(int(inv.numel()), dtype=torch.int64, device=dev).scatter_add_(0, inv, sign)
-    owner = torch.zeros_like(net).scatter_(0, inv, expert)               # the expert of each distinct key
-    extra = torch.zeros(L, dtype=torch.int64, device=dev).scatter_add_(0, owner, net.clamp(min=0))
-    missing = torch.zeros(L, dtype=torch.int64, device=dev).scatter_add_(0, owner, (-net).clamp(min=0))
-    bad = torch.maximum(extra, missing).tolist()
-    return [(first + j, n) for j, n in enumerate(bad) if n]
+    """[(global expert, rows wrong)] for the local experts whose received rows are not the expected multiset
+    (by hash: a wrong row passes with probability about 2^-31); [] when all are right. What a soak counts
+    (a single check stops at the first difference and confirms a pass byte for byte: check_dispatch)."""
+    bad, _ = _tally(got_rows, got_scales, exp_rows, exp_scales)
+    return [(rank * w.local_experts + j, n) for j, n in enumerate(bad) if n]
 
 
 def combine_bad_tokens(out_TH: torch.Tensor, expected_TH: torch.Tensor, rel_tol: float = 1e-2) -> list[int]:
