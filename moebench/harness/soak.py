@@ -8,8 +8,9 @@ per local expert, by a hash of each row's bytes: a wrong row slips through with 
 every combine against the oracle, counting the wrong rows and tokens; where the backend has a graph-safe
 call, its graph is replayed N times too, each replay poisoned and checked (bit for bit). It runs in its own
 launch of the ranks, so a crash or hang in it ends only the soak: the record says at which call and how,
-with the counts of the calls before (each rank writes its progress to a file after every call). --timeout is the whole soak's budget: a soak still advancing when it runs out is
-stopped as `timeout` with its rate, one whose calls stopped is a `hang`.
+with the counts of the calls before (each rank writes its progress to a file after every call). --timeout
+is the whole soak's budget: a soak still advancing when it runs out is stopped as `timeout` with its rate,
+one whose calls stopped is a `hang`.
 """
 from __future__ import annotations
 
