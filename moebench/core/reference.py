@@ -139,17 +139,15 @@ def check_dispatch(got_rows: list[torch.Tensor], got_scales, exp_rows, exp_scale
             return f"rank {rank} expert {rank * w.local_experts + j}: received {g.shape[0]} rows, expected {e.shape[0]}"
     bad, keys = _tally(got_rows, got_scales, exp_rows, exp_scales)
     wrong = next((j for j, n in enumerate(bad) if n), None)
-    if wrong is None and keys is not None:      # the keys agree: confirm byte for byte, rows in key order
-        gk, ek = keys
-        dev = gk.device
-        same = torch.equal(_raw(got_rows, got_scales)[gk.argsort()],
-                           _raw([e.to(dev) for e in exp_rows], [s.to(dev) for s in exp_scales] if exp_scales else None)
-                           [ek.argsort()])
-        wrong = None if same else 0
-    if wrong is None:
+    differ = "received rows differ from the expected tokens (misrouted or corrupted payload)"
+    if wrong is not None:
+        return f"rank {rank} expert {rank * w.local_experts + wrong}: {differ}"
+    if keys is None:
         return ""
-    return (f"rank {rank} expert {rank * w.local_experts + wrong}: received rows differ from the expected tokens "
-            f"(misrouted or corrupted payload)")
+    gk, ek = keys                               # the keys agree: confirm byte for byte, rows in key order
+    dev = gk.device
+    exp = _raw([e.to(dev) for e in exp_rows], [s.to(dev) for s in exp_scales] if exp_scales is not None else None)
+    return "" if torch.equal(_raw(got_rows, got_scales)[gk.argsort()], exp[ek.argsort()]) else f"rank {rank}: {differ}"
 
 
 def counts(tokens_per_expert) -> list[int]:

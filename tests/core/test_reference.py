@@ -102,3 +102,16 @@ def test_bad_rows_count_scales_and_rows_of_another_width():
     narrow = [r[:, :64] for r in rows]
     assert reference.dispatch_bad_rows(narrow, scales, rows, scales, 0, w) == [
         (j, r.shape[0]) for j, r in enumerate(rows) if r.shape[0]]
+
+
+def test_a_hash_collision_cannot_hide_a_wrong_row_from_the_single_check(monkeypatch):
+    """Every row hashing alike (the worst collision): the soak's count sees nothing, the check's byte compare
+    still names the rank."""
+    w = wl()
+    rows, _ = reference.expected_dispatch(w, 0)
+    got = [r.clone() for r in rows]
+    got[0][0, 0] += 1
+    monkeypatch.setattr(reference, "_row_hashes", lambda x, s: torch.zeros(x.shape[0], dtype=torch.int64))
+    assert reference.dispatch_bad_rows(got, None, rows, None, 0, w) == []
+    assert reference.check_dispatch(got, None, rows, None, 0, w).startswith("rank 0: received rows differ")
+    assert reference.check_dispatch(rows, None, rows, None, 0, w) == ""
