@@ -147,7 +147,8 @@ def check_dispatch(got_rows: list[torch.Tensor], got_scales, exp_rows, exp_scale
     gk, ek = keys                               # the keys agree: confirm byte for byte, rows in key order
     dev = gk.device
     exp = _raw([e.to(dev) for e in exp_rows], [s.to(dev) for s in exp_scales] if exp_scales is not None else None)
-    return "" if torch.equal(_raw(got_rows, got_scales)[gk.argsort()], exp[ek.argsort()]) else f"rank {rank}: {differ}"
+    same = torch.equal(_raw(got_rows, got_scales)[gk.argsort(stable=True)], exp[ek.argsort(stable=True)])
+    return "" if same else f"rank {rank}: {differ}"
 
 
 def counts(tokens_per_expert) -> list[int]:

@@ -88,7 +88,7 @@ def test_bad_rows_are_counted_per_expert_in_one_pass():
     assert reference.dispatch_bad_rows(got, None, rows, None, 1, w) == [(first, 2), (first + 1, 1)]
     assert "differ" in reference.check_dispatch(got, None, rows, None, 1, w)
     flips = [r.clone() for r in rows]
-    flips[1][0, 3], flips[1][0, 7] = -flips[1][0, 3], -flips[1][0, 7]   # two sign bits: a pair a wrapping 64-bit form misses
+    flips[1][0, 3], flips[1][0, 7] = -flips[1][0, 3], -flips[1][0, 7]   # two sign bits (a 64-bit form misses them)
     assert reference.dispatch_bad_rows(flips, None, rows, None, 1, w) == [(first + 1, 1)]
     assert "expert %d:" % (first + 1) in reference.check_dispatch(flips, None, rows, None, 1, w)
 
