@@ -117,23 +117,93 @@ __device__ __forceinline__ void pdl_wait() {
 }
 
 // ------------------------------------------------------------------ route_rank
-template <int ITEMS>
-__global__ void __launch_bounds__(kThreads) route_rank_kernel(const void* __restrict__ idx,
-                                                              bool idx64, int64_t n, int E,
-                                                              int32_t* __restrict__ lrank,
-                                                              int32_t* __restrict__ counts,
-                                                              unsigned* __restrict__ done) {
+__device__ __forceinline__ int pad_up(int c, int pad) { return pad > 1 ? (c + pad - 1) / pad * pad : c; }
+
+// route_rank's arguments; those after `done` only for the one-launch index (variant bit 12).
+struct RouteArgs {
+  const void* idx;
+  int64_t n;
+  int E, pad;
+  bool idx64;
+  int32_t* lrank;   // [n]: each slot's rank among its block's slots of its expert
+  int32_t* counts;  // [NB, E]: each block's count per expert; one launch: then its first row per expert
+  unsigned* done;   // route_scan's arrival counter (reset here); one launch: a ring word left at 0 (barrier_word)
+  int32_t *estart, *ecount, *total, *tpe, *host_total, *host_tpe;
+};
+
+constexpr int kColumnKeep = 32;  // block counts per expert loaded at once by the one-launch scan
+
+// One launch (variant bit 12): the last block to finish ranking turns the blocks' counts into each
+// block's first row per expert (thread per expert, its column loaded 32 blocks at a time), then scans the
+// padded expert totals: what route_scan does, without its launch, in the kernel that made the counts.
+// sm: the block's kWarps * E ints of shared memory, free once the ranks are written.
+__device__ __forceinline__ void scan_in_last_block(const RouteArgs& a, int32_t* sm) {
+  __shared__ bool last;
+  __shared__ int32_t wsum[kWarps];
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicInc(a.done, gridDim.x - 1) == gridDim.x - 1;  // wraps the word to 0
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int NB = gridDim.x, E = a.E;
+  for (int e = threadIdx.x; e < E; e += kThreads) {
+    int run = 0;
+    for (int b0 = 0; b0 < NB; b0 += kColumnKeep) {
+      int c[kColumnKeep];
+#pragma unroll
+      for (int q = 0; q < kColumnKeep; ++q) c[q] = b0 + q < NB ? __ldcg(a.counts + (int64_t)(b0 + q) * E + e) : 0;
+#pragma unroll
+      for (int q = 0; q < kColumnKeep; ++q)
+        if (b0 + q < NB) { a.counts[(int64_t)(b0 + q) * E + e] = run; run += c[q]; }
+    }
+    a.ecount[e] = run;
+    sm[e] = pad_up(run, a.pad);
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int per = (E + kThreads - 1) / kThreads, i0 = min(E, (int)threadIdx.x * per), i1 = min(E, i0 + per);
+  int local = 0;
+  for (int i = i0; i < i1; ++i) local += sm[i];
+  const int incl = warp_inclusive_sum(local, lane);
+  if (lane == 31) wsum[warp] = incl;
+  __syncthreads();
+  int run = incl - local, total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) run += wsum[w];
+    total += wsum[w];
+  }
+  for (int i = i0; i < i1; ++i) {
+    const int p = sm[i];
+    a.tpe[i] = p;
+    if (a.host_tpe) a.host_tpe[i] = p;
+    a.estart[i] = run;
+    run += p;
+  }
+  if (threadIdx.x == 0) a.total[0] = total;
+  if (!a.host_total) return;
+  if (a.host_tpe) __threadfence_system();  // the host's counts before its row count, which it polls
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    *(volatile int32_t*)a.host_total = total;
+    __threadfence_system();
+  }
+}
+
+template <int ITEMS, bool ONE>
+__global__ void __launch_bounds__(kThreads) route_rank_kernel(const RouteArgs a) {
   extern __shared__ int32_t cnt[];  // [kWarps][E]: running count, then exclusive warp prefix
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  pdl_trigger();                    // route_scan (PDL) may be scheduled now; it waits for this kernel's end
-  if (blockIdx.x == 0 && threadIdx.x == 0) *done = 0;  // route_scan's arrival counter
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, E = a.E;
+  pdl_trigger();                    // the next kernel (PDL) may be scheduled now; it waits for this one's end
+  if (!ONE && blockIdx.x == 0 && threadIdx.x == 0) *a.done = 0;  // route_scan's arrival counter
   for (int i = threadIdx.x; i < kWarps * E; i += kThreads) cnt[i] = 0;
   const int64_t wbase = (int64_t)blockIdx.x * kThreads * ITEMS + (int64_t)warp * 32 * ITEMS;
   int ex[ITEMS], rk[ITEMS];
 #pragma unroll
   for (int j = 0; j < ITEMS; ++j) {
     const int64_t s = wbase + j * 32 + lane;
-    const long long e = s < n ? load_idx(idx, idx64, s) : -1;
+    const long long e = s < a.n ? load_idx(a.idx, a.idx64, s) : -1;
     ex[j] = (e >= 0 && e < E) ? (int)e : -1;
   }
   __syncthreads();
@@ -157,16 +227,16 @@ __global__ void __launch_bounds__(kThreads) route_rank_kernel(const void* __rest
       cnt[w * E + e] = run;
       run += c;
     }
-    counts[(int64_t)blockIdx.x * E + e] = run;
+    a.counts[(int64_t)blockIdx.x * E + e] = run;
   }
   __syncthreads();
 #pragma unroll
   for (int j = 0; j < ITEMS; ++j)
-    if (ex[j] >= 0) lrank[wbase + j * 32 + lane] = rk[j] + wc[ex[j]];
+    if (ex[j] >= 0) a.lrank[wbase + j * 32 + lane] = rk[j] + wc[ex[j]];
+  if constexpr (ONE) scan_in_last_block(a, cnt);
 }
 
 // ------------------------------------------------------------------ route_scan
-__device__ __forceinline__ int pad_up(int c, int pad) { return pad > 1 ? (c + pad - 1) / pad * pad : c; }
 
 // blockDim (32, 32), one block per tile of 32 experts: lane = expert, g = one of 32 contiguous
 // groups of blocks. counts [NB, E] in: per-block counts; out: each block's first row per expert,
@@ -604,9 +674,11 @@ __global__ void __launch_bounds__(kThreads) sort_chunks_kernel(const V* __restri
 // ------------------------------------------------------------------ host helpers
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-int slot_items(int64_t n) {  // slots per rank block = 256 * items; aim for <= 128 blocks
+// slots per rank block = 256 * items; aim for <= blocks blocks: 128 for route_scan's wide grid, 32 for the
+// one-launch index, whose last block loads each expert's column of counts 32 blocks at a time
+int slot_items(int64_t n, int blocks = 128) {
   int items = 1;
-  while (items < 16 && (int64_t)kThreads * items * 128 < n) items *= 2;
+  while (items < 16 && (int64_t)kThreads * items * blocks < n) items *= 2;
   return items;
 }
 
@@ -809,6 +881,7 @@ int launch_sort_chunks(const void* x, int64_t rb, int64_t R, const int64_t* size
 constexpr int kNotRows = 16 | 256 | 8192;  // variant bits that pick another copy than permute_rows
 constexpr int kUnfused = 16384;            // permute_rows after route_rank / route_scan
 constexpr int kPdl = 32768;                // route_scan and permute_rows as programmatic dependent launches
+constexpr int kOneIndex = 4096;            // route_rank and route_scan in one launch (scan_in_last_block)
 
 int64_t fused_count_words(int64_t n, int E) {
   return E <= kFusedMaxE ? std::min<int64_t>(std::max<int64_t>(n, 1), kFusedMaxCtas) * E : 0;
@@ -822,9 +895,9 @@ struct Workspace {
   unsigned* done;
 };
 
-Workspace workspace_layout(void* ws, int64_t n, int E, int pad) {
+Workspace workspace_layout(void* ws, int64_t n, int E, int pad, bool one_index) {
   Workspace w;
-  w.items = slot_items(n);
+  w.items = one_index ? slot_items(n, kColumnKeep) : slot_items(n);  // never more blocks than the default
   w.SB = kThreads * w.items;
   w.NB = (int)cdiv(std::max<int64_t>(n, 1), w.SB);
   w.lrank = static_cast<int32_t*>(ws);
@@ -839,19 +912,28 @@ Workspace workspace_layout(void* ws, int64_t n, int E, int pad) {
 }
 
 // route_rank + route_scan: each slot's rank in its block, block bases, expert starts, tokens per
-// expert and the row count (to host_total / host_tpe too when given).
+// expert and the row count (to host_total / host_tpe too when given). one: in one launch where a zeroed
+// arrival word can be had (not during a first capture); pdl: route_scan as a dependent launch.
 int launch_index(const Workspace& w, const void* idx, bool idx64, int64_t n, int E, int pad, int32_t* tpe,
-                 int32_t* host_total, int32_t* host_tpe, bool pdl, cudaStream_t stream) {
+                 int32_t* host_total, int32_t* host_tpe, bool one, bool pdl, int dev, cudaStream_t stream) {
+  RouteArgs r{idx, n, E, pad, idx64, w.lrank, w.base, w.done, w.estart, w.ecount, w.total, tpe, host_total, host_tpe};
+  unsigned* word = one ? barrier_word(dev, stream) : nullptr;
+  if (word) r.done = word;
   const size_t smem_rank = sizeof(int32_t) * kWarps * (size_t)E;
-#define MOE_RANK(I)                                                                         \
-  case I:                                                                                   \
-    if (smem_rank > 48 * 1024 &&                                                            \
-        cudaFuncSetAttribute(route_rank_kernel<I>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                             (int)smem_rank) != cudaSuccess)                                \
-      return fail("route_rank_kernel: too many experts for shared memory");                 \
-    route_rank_kernel<I><<<w.NB, kThreads, smem_rank, stream>>>(idx, idx64, n, E, w.lrank, w.base, w.done); \
+#define MOE_RANK(I, ONE)                                                                              \
+  case I:                                                                                             \
+    if (smem_rank > 48 * 1024 &&                                                                      \
+        cudaFuncSetAttribute(route_rank_kernel<I, ONE>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                             (int)smem_rank) != cudaSuccess)                                          \
+      return fail("route_rank_kernel: too many experts for shared memory");                           \
+    route_rank_kernel<I, ONE><<<w.NB, kThreads, smem_rank, stream>>>(r);                              \
     break;
-  switch (w.items) { MOE_RANK(1) MOE_RANK(2) MOE_RANK(4) MOE_RANK(8) MOE_RANK(16) }
+  if (word) {
+    switch (w.items) { MOE_RANK(1, true) MOE_RANK(2, true) MOE_RANK(4, true) MOE_RANK(8, true) MOE_RANK(16, true) }
+    MOE_CHECK_LAUNCH("route_rank_kernel (one launch)");
+    return 0;
+  }
+  switch (w.items) { MOE_RANK(1, false) MOE_RANK(2, false) MOE_RANK(4, false) MOE_RANK(8, false) MOE_RANK(16, false) }
 #undef MOE_RANK
   MOE_CHECK_LAUNCH("route_rank_kernel");
   cudaLaunchConfig_t cfg = {};
@@ -902,7 +984,7 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
   if (E < 1 || E > 4096) return fail("moe_permute: need 1 <= E <= 4096");
   if (idx_bytes != 4 && idx_bytes != 8) return fail("moe_permute: idx must be int32 or int64");
   const int64_t n = T * K;
-  const Workspace w = workspace_layout(workspace, n, E, pad);
+  const Workspace w = workspace_layout(workspace, n, E, pad, variant & kOneIndex);
   int dev = 0;
   cudaGetDevice(&dev);
   HostSlots* hs = wait ? host_slots(dev) : nullptr;
@@ -919,10 +1001,12 @@ int64_t moe_permute(const void* x, int64_t x_row_bytes, const void* scales, int6
     if (fused < 0) return -1;
   }
   // PDL: no event between the index kernels and the copy (it would order them again); the host polls the
-  // row count that route_scan writes to mapped memory, as it does for the fused kernel
+  // row count that the index work writes to mapped memory, as it does for the fused kernel
   const bool pdl = (variant & kPdl) && device_attr(cudaDevAttrComputeCapabilityMajor, dev) >= 9;
   if (fused) {
-    if (launch_index(w, idx, idx_bytes == 8, n, E, pad, tpe, host_total, host_tpe, pdl, stream) < 0) return -1;
+    if (launch_index(w, idx, idx_bytes == 8, n, E, pad, tpe, host_total, host_tpe, variant & kOneIndex, pdl, dev,
+                     stream) < 0)
+      return -1;
     if (wait && !pdl) {
       cudaError_t e = cudaEventRecord(hs->ev[slot], stream);
       if (e != cudaSuccess) return fail("moe_permute: event record", e);

@@ -32,8 +32,9 @@ size_t moe_permute_workspace_bytes(int64_t n_slots, int E, int pad);
 // the index work fused into the copy (the default where E <= 1024 and the device takes a
 // cooperative launch); bit 15 (with bit 14) = route_scan and the rows kernel as programmatic dependent
 // launches (sm_90+): the rows kernel's first loads run while the index kernels end, and with wait the
-// host polls the row count instead of waiting on an event. Rows the rows kernel cannot take (shared
-// memory, alignment) go to the bulk kernel, then the warp copy.
+// host polls the row count instead of waiting on an event; bit 12 (with bit 14) = the index work in one
+// launch: the last rank block to finish scans the counts (fewer, larger rank blocks). Rows the rows kernel
+// cannot take (shared memory, alignment) go to the bulk kernel, then the warp copy.
 // bit 13 = the one-row bulk-copy (TMA) kernel, the previous default: bit 0 = no L2 evict-first
 // hints, bits 5-6 = 3 (0), 2, 3 or 4 buffers per block, bit 7 = row chunks <= 4 KB not 16 KB.
 // bit 4 = per-warp register copy: bit 0 = streaming loads/stores, bit 1 = 8 vectors per lane in

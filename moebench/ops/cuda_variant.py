@@ -25,6 +25,7 @@ GATHER = 256            # destination-order gather (csrc/permute_gather.cuh)
 BULK = 8192             # one-row bulk kernel, the previous default
 UNFUSED = 16384         # rows kernel after the separate index kernels (route_rank + route_scan)
 PDL = 32768             # with UNFUSED: route_scan and the rows kernel as programmatic dependent launches
+ONE_INDEX = 4096        # with UNFUSED: route_rank and route_scan in one launch (its last block scans)
 OTHER_COPY = WARP | GATHER | BULK
 ROWS_SHIFT = 16         # C travels in variant bits 16-20
 ROWS_MAX = 16           # csrc kRowsMaxC

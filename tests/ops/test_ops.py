@@ -430,6 +430,7 @@ def test_cuda_variant_parse():
     assert cv.parse("16") .bits == 16 and cv.parse("1:0").rows == 0
     pdl = cv.parse(f"{cv.UNFUSED | cv.PDL}:8")        # the index kernels and the rows kernel as dependent launches
     assert pdl.rows_kernel and pdl.code == 49152 | 8 << 16
+    assert cv.parse(str(cv.UNFUSED | cv.ONE_INDEX | cv.PDL)).rows_kernel     # and the index work in one launch
     for bad, why in (("0:17", "rows per CTA must be 1-16"), ("0:-1", "rows per CTA must be"),
                      ("1:2:3", "want V or V:C"), ("x", "integers"), ("65536", "rows per CTA go after a colon"),
                      ("-1", "variant bits must be"), ("16:4", "pick another copy"), ("8192:8", "pick another copy"),

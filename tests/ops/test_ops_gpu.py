@@ -88,11 +88,12 @@ def test_fp8_scales_padding(impl, pad):
 
 # csrc variants (csrc/moe_permute.h, ops/cuda_variant.py): 0 the rows kernel with the index work fused
 # in, auto rows per CTA; V:C with C rows per CTA (1, 4, 8, 15, 16); 1 without L2 hints; 16384 (the
-# default) the rows kernel after the index kernels; 49152 the same as programmatic dependent launches; 8192 the one-row bulk kernel, the previous default (+1 no hints,
+# default) the rows kernel after the index kernels; 49152 the same as programmatic dependent launches; 20480
+# the index work in one launch (53248: and PDL); 8192 the one-row bulk kernel, the previous default (+1 no hints,
 # +32/+96 two/four buffers, +128 4 KB chunks); 16 the per-warp register copy; 256 the
 # destination-order gather (+512 plain stores, +1024/2048/3072 tiles of 128/2048/8192 tokens).
 # Triton: copy_tma 1 and 0, copy_cs 1; the index-kernel knobs and pdl 0 / 1; copy_rows 2 / 4 / 8.
-CUDA_COPY_VARIANTS = ["0", "0:1", "0:4", "0:8", "0:15", "0:16", "1", "1:8", "16384", "16384:8", "16384:15", "49152",
+CUDA_COPY_VARIANTS = ["0", "0:1", "0:4", "0:8", "0:15", "0:16", "1", "1:8", "16384", "16384:8", "16384:15", "49152", "20480", "53248",
                       "8192", "8193", "8224", "8288", "8320", "16", "26", "256", "768", "1280", "2304", "3328"]
 COPY_VARIANTS = [f"cuda@{v}" for v in CUDA_COPY_VARIANTS] + [
     "triton@1024:4:1024:4:1", "triton@1024:4:1024:4:0", "triton@1024:4:1024:4:0:1",

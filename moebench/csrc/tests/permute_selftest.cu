@@ -21,10 +21,11 @@
   } while (0)
 
 // Variants (moe_permute.h): the rows kernel fused (0) with auto / 1 / 4 / 15 rows per CTA and
-// without L2 hints, after the index kernels (bit 14), the one-row bulk kernel (bit 13), the warp
-// copy (bit 4), the destination-order gather (bit 8); bit 15: programmatic dependent launches.
-const int kVariants[] = {0, 1 << 16, 4 << 16, 15 << 16, 1, 16384, 16384 | (8 << 16), 16384 | 32768, 32768,
-                         8192, 16, 256};
+// without L2 hints, after the index kernels (bit 14; with bit 15 as programmatic dependent launches,
+// with bit 12 the index work in one launch), the one-row bulk kernel (bit 13), the warp copy (bit 4),
+// the destination-order gather (bit 8).
+const int kVariants[] = {0,     1 << 16, 4 << 16, 15 << 16, 1, 16384, 16384 | (8 << 16), 16384 | 32768,
+                         32768, 16384 | 4096, 16384 | 4096 | 32768, 8192, 16, 256};
 
 struct Case {
   int64_t T, H;
