@@ -30,6 +30,9 @@ shared)
     --out "$OUT/dispatch-shared-soak-h200.jsonl" ;;
 gputier)
   use_deepep_build
+  # the CUDA extension is built first, as an install builds it (setup.py): its JIT build is not test time
+  t0=$SECONDS; python3 -c "import moebench.ops as o; print('impl_status', o.impl_status())" 2>&1 | tail -2
+  echo "# moebench._C build: $((SECONDS - t0)) s"
   step "pytest -m gpu tests (DeepEP on the path)"
   # -v and a seconds-since-start stamp per line: which tests took the time, even when the timeout cuts the run
   timeout "${TIER_TIMEOUT:-330}" python3 -m pytest -v -m gpu tests -p no:cacheprovider --durations=25 2>&1 \
