@@ -203,7 +203,8 @@ __global__ void __launch_bounds__(kThreads) route_rank_kernel(const RouteArgs a)
 #pragma unroll
   for (int j = 0; j < ITEMS; ++j) {
     const int64_t s = wbase + j * 32 + lane;
-    const long long e = s < a.n ? load_idx(a.idx, a.idx64, s) : -1;
+    const long long e = s < a.n ? (a.idx64 ? __ldg(static_cast<const long long*>(a.idx) + s)  // read-only path,
+                                            : __ldg(static_cast<const int*>(a.idx) + s)) : -1;  // as __restrict__ gave
     ex[j] = (e >= 0 && e < E) ? (int)e : -1;
   }
   __syncthreads();
@@ -922,7 +923,7 @@ int launch_index(const Workspace& w, const void* idx, bool idx64, int64_t n, int
   const size_t smem_rank = sizeof(int32_t) * kWarps * (size_t)E;
 #define MOE_RANK(I, ONE)                                                                              \
   case I:                                                                                             \
-    if (smem_rank > 48 * 1024 &&                                                                      \
+    if (smem_rank + 1024 > 48 * 1024 && /* room for the static part: the one launch has 128 bytes */  \
         cudaFuncSetAttribute(route_rank_kernel<I, ONE>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
                              (int)smem_rank) != cudaSuccess)                                          \
       return fail("route_rank_kernel: too many experts for shared memory");                           \

@@ -479,7 +479,10 @@ int rows_fused(const CopyArgs& a, const FusedOut& f, int variant, int dev, cudaS
 int64_t poll_row_count(const int32_t* host_total, cudaStream_t st) {
   for (unsigned spin = 1;; ++spin) {
     const int32_t v = *(volatile const int32_t*)host_total;
-    if (v >= 0) return v;
+    if (v >= 0) {
+      std::atomic_thread_fence(std::memory_order_acquire);  // the host counts, written before it (weakly ordered hosts)
+      return v;
+    }
     if ((spin & 4095) != 0) continue;
     const cudaError_t q = cudaStreamQuery(st);
     if (q == cudaErrorNotReady) continue;
