@@ -31,12 +31,12 @@ shared)
 gputier)
   use_deepep_build
   # the CUDA extension is built first, as an install builds it (setup.py): its JIT build is not test time
-  t0=$SECONDS; python3 -c "import moebench.ops as o; print('impl_status', o.impl_status())" 2>&1 | tail -2
-  echo "# moebench._C build: $((SECONDS - t0)) s"
+  b0=$SECONDS; python3 -c "import moebench.ops as o; print('impl_status', o.impl_status())" 2>&1 | tail -2
+  echo "# moebench._C build: $((SECONDS - b0)) s"
   step "pytest -m gpu tests (DeepEP on the path)"
   # -v and a seconds-since-start stamp per line: which tests took the time, even when the timeout cuts the run
   timeout "${TIER_TIMEOUT:-330}" python3 -m pytest -v -m gpu tests -p no:cacheprovider --durations=25 2>&1 \
-    | { t0=$SECONDS; while IFS= read -r l; do printf '%4d %s\n' $((SECONDS - t0)) "$l"; done; } > "$OUT/gpu-tier.log"
+    | { s0=$SECONDS; while IFS= read -r l; do printf '%4d %s\n' $((SECONDS - s0)) "$l"; done; } > "$OUT/gpu-tier.log"
   echo "gpu tier rc=${PIPESTATUS[0]}"; grep -E "passed|failed|error" "$OUT/gpu-tier.log" | tail -3 ;;
 *) echo "unknown step $s" ;;
 esac; done
