@@ -109,6 +109,18 @@ def memory_problem(w: Workload, device: torch.device) -> str:
             f"GiB {'on the GPU' if device.type == 'cuda' else 'available'}: lower T, H or E")
 
 
+def variant_problem(a) -> str:
+    """The first variant named in --ops-impl that is malformed, with why, on any machine ('' when none is)."""
+    for spec in a.impl_list:
+        name, _, variant = spec.partition("@")
+        try:
+            if variant:
+                ops.check_variant(name, variant)
+        except ValueError as e:
+            return f"--ops-impl {e}"
+    return ""
+
+
 def cannot_run(a) -> str:
     """The first of moebench's own kernels named in --ops-impl that this machine cannot run, with why ('' when
     all can; missing optional packages, megatron and te, are WAIVED rows instead)."""
@@ -313,7 +325,7 @@ def main(argv=None) -> int:
             if too_big:
                 raise UsageError(f"--shapes {T}x{H}x{K}x{E}: {too_big}")
         bad = (cli.first_output_problem([(a.out, "--out"), (a.plot, "--plot"), (a.trace, "--trace", True)])
-               or cannot_run(a))
+               or variant_problem(a) or cannot_run(a))
         if bad:
             raise UsageError(bad)
     except (UsageError, WorkloadError) as e:

@@ -109,12 +109,12 @@ def _backend(impl: str, device: torch.device, op: str):
     if variant and (name not in ("cuda", "triton") or op == "sort_chunks_by_idxs"):
         raise ValueError(f"impl {name!r} has no variants for {op} (only cuda@V and triton@... permute/unpermute)")
     if variant:
-        _check_variant(name, variant)
+        check_variant(name, variant)
     hit = _resolved[key] = (_module(name, device, op), variant)
     return hit
 
 
-def _check_variant(name: str, variant: str) -> None:
+def check_variant(name: str, variant: str) -> None:
     """Refuse a malformed variant with its reason when the impl string is resolved (once per impl,
     on any machine, the GPU or not), never at a launch. The CUDA permute's rows-per-CTA against a
     shape's shared memory is checked per shape (cuda_impl: falls back with a warning)."""
@@ -273,5 +273,5 @@ def sort_chunks_by_idxs(x_RH: Tensor, split_sizes, sorted_idxs, *, impl: str = "
         x_RH, split_sizes, sorted_idxs, impl)
 
 
-__all__ = ["Permuted", "permute", "unpermute", "sort_chunks_by_idxs", "best_impl", "impl_status",
+__all__ = ["Permuted", "permute", "unpermute", "sort_chunks_by_idxs", "best_impl", "impl_status", "check_variant",
            "IMPLS"]

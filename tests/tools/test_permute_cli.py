@@ -41,6 +41,15 @@ def test_bad_input_exits_2(argv, capsys):
     assert len(err) == 1 and err[0].startswith("moebench.permute: ")
 
 
+@pytest.mark.parametrize("impl,why", [("cuda@99999", "variant bits must be in"), ("cuda@16:4", "pick another copy"),
+                                      ("triton@1:2:3:4:5:6:7:8:9:10:11:12:13:14", "at most 13 values")])
+def test_a_malformed_variant_is_refused_on_any_machine(impl, why, capsys):
+    """Before the device is asked whether it can run the impl: the variant's own fault, named."""
+    assert permute.main(["--ops-impl", impl, "--ops", "permute"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and why in err[0] and "cannot run on this machine" not in err[0], err
+
+
 def test_out_appends_and_old_flag_names_still_work(tmp_path):
     out = tmp_path / "p.jsonl"
     argv = ["--shapes", "16x32x2x4", "--iters", "1", "--ops", "permute", "--out", str(out)]
