@@ -18,7 +18,8 @@ import moebench
 from moebench.env.toolkit import CSRC_DIR, SWEEPS_DIR
 site = Path(sys.argv[1]).resolve()
 assert Path(moebench.__file__).resolve().is_relative_to(site), moebench.__file__
-for f in ("moe_permute.cu", "moe_permute.h", "bindings.cpp", "permute_gather.cuh", "probes/p2p_bw.cu"):
+from moebench.ops.cuda_impl import HEADERS, SOURCES
+for f in (*SOURCES, *HEADERS, "probes/p2p_bw.cu"):
     assert (CSRC_DIR / f).is_file(), f"CUDA source {CSRC_DIR / f} missing from the wheel"
 assert CSRC_DIR.resolve().is_relative_to(site) and (SWEEPS_DIR / "dsv3.toml").is_file()
 recs = [json.loads(line) for line in open("wheel.jsonl")]

@@ -1,6 +1,6 @@
 // permute_rows: the permute's default copy, many whole rows in flight per SM; included by
 // moe_permute.cu inside its anonymous namespace (it uses CopyArgs, slot_row, write_row, load_idx,
-// pad_up, warp_inclusive_sum, smem_u32, aligned, cdiv, blocks_per_sm, fail, kFull).
+// pad_up, pdl_wait, warp_inclusive_sum, smem_u32, aligned, cdiv, blocks_per_sm, fail, kFull).
 //
 // Why: a standalone probe with exactly the permute's traffic (FACTS.md, "Copy-kernel structure")
 // reached 0.894 of a D2D copy when each one-warp CTA bulk-loads C = 8 whole rows into shared

@@ -23,7 +23,7 @@ _C = None
 _why = "not loaded yet"
 CSRC = CSRC_DIR
 SOURCES = ("moe_permute.cu", "bindings.cpp")
-HEADERS = ("moe_permute.h", "permute_gather.cuh", "permute_rows.cuh")
+HEADERS = ("moe_permute.h", "permute_gather.cuh", "permute_index.cuh", "permute_rows.cuh")
 # Kernel variants (csrc/moe_permute.h, ops/cuda_variant.py): impl "cuda@V" or "cuda@V:C" picks one per
 # call; these are the defaults ("V[:C]" strings, parsed on first use).
 VARIANT_PERMUTE = os.environ.get("MOEBENCH_CUDA_PERMUTE_VARIANT", "")

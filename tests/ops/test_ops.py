@@ -523,3 +523,11 @@ def test_fused_index_decomposition(T, K, E, G, pad):
     rows = torch.where(ok, start[e] + base[cta, e] + rank, -1)
     want_map, want_tpe = torch_impl.route(idx, E, pad)[:2]
     assert torch.equal(rows.view(T, K).int(), want_map) and torch.equal(padded.int(), want_tpe)
+
+
+def test_every_csrc_header_is_hashed_into_the_jit_build():
+    """A header left out of cuda_impl.HEADERS would let a cached extension outlive a change to it."""
+    from moebench.ops import cuda_impl
+    on_disk = {p.name for p in cuda_impl.CSRC.iterdir() if p.suffix in (".h", ".cuh")}
+    assert set(cuda_impl.HEADERS) == on_disk
+    assert all((cuda_impl.CSRC / s).is_file() for s in cuda_impl.SOURCES)
