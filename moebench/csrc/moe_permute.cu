@@ -185,16 +185,56 @@ __global__ void __launch_bounds__(kThreads) permute_copy_kernel(
   if (s_bytes > 0 && part == 0) copy_scales(sx, s_bytes, t, K, row, sout, lane);
 }
 
+// ------------------------------------------------------------------ bulk-copy PTX (sm_90+)
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// PTX wrappers of the bulk copies (permute_bulk here, permute_rows in permute_rows.cuh); EF: with an L2
+// cache hint (pol, an evict-first policy from evict_first_policy).
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ void mbar_init(uint32_t mb) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mb) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint32_t mb, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(mb), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t mb, uint32_t parity) {
+  uint32_t ready = 0;
+  while (!ready)
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, p;\n}" : "=r"(ready) : "r"(mb), "r"(parity) : "memory");
+}
+template <bool EF>
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t n, uint32_t mb, uint64_t pol) {
+  if (EF)
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                 :: "r"(dst), "l"(src), "r"(n), "r"(mb), "l"(pol) : "memory");
+  else
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(dst), "l"(src), "r"(n), "r"(mb) : "memory");
+}
+template <bool EF>
+__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t n, uint64_t pol) {
+  if (EF)
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;"
+                 :: "l"(dst), "r"(src), "r"(n), "l"(pol) : "memory");
+  else
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                 :: "l"(dst), "r"(src), "r"(n) : "memory");
+}
+
 // ------------------------------------------------------------------ permute_bulk (sm_90+)
 // One-row bulk-copy (TMA) path (variant bit 13): one warp per block, NBUF shared-memory buffers of
 // one row chunk each.
 // Lane 0 loads a chunk with cp.async.bulk (completion on an mbarrier) and stores it to its K
 // rows with K cp.async.bulk shared->global copies; the other lanes only work out the rows.
 // Blocks stride over (token, chunk) items; a buffer is refilled once its stores have read it.
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 template <int NBUF, bool EVICT_FIRST>
 __global__ void __launch_bounds__(32) permute_bulk_kernel(
     const uint8_t* __restrict__ x, int64_t rb, int64_t chunk, int64_t nchunk,
@@ -208,26 +248,16 @@ __global__ void __launch_bounds__(32) permute_bulk_kernel(
   __shared__ __align__(8) uint64_t bar[NBUF];
   const int lane = threadIdx.x;
   const int64_t n_items = T * nchunk;
-  uint64_t policy = 0;
-  if (EVICT_FIRST) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  const uint64_t policy = EVICT_FIRST ? evict_first_policy() : 0;
   auto load = [&](int64_t item, int b) {  // lane 0 only
     const int64_t t = item / nchunk, c = item - t * nchunk;
     const uint32_t n = (uint32_t)min(chunk, rb - c * chunk);
     const uint32_t mb = smem_u32(&bar[b]);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(mb), "r"(n) : "memory");
-    if (EVICT_FIRST)
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-                   :: "r"(smem_u32(sbuf + b * chunk)), "l"(x + t * rb + c * chunk), "r"(n), "r"(mb), "l"(policy)
-                   : "memory");
-    else
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                   :: "r"(smem_u32(sbuf + b * chunk)), "l"(x + t * rb + c * chunk), "r"(n), "r"(mb)
-                   : "memory");
+    mbar_expect(mb, n);
+    bulk_load<EVICT_FIRST>(smem_u32(sbuf + b * chunk), x + t * rb + c * chunk, n, mb, policy);
   };
   if (lane == 0) {
-    for (int b = 0; b < NBUF; ++b)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_u32(&bar[b])) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int b = 0; b < NBUF; ++b) mbar_init(smem_u32(&bar[b]));
     for (int b = 0; b < NBUF; ++b) {
       const int64_t item = blockIdx.x + (int64_t)b * gridDim.x;
       if (item < n_items) load(item, b);
@@ -244,24 +274,12 @@ __global__ void __launch_bounds__(32) permute_bulk_kernel(
       row = slot_row(idx, idx64, t * K + lane, E, SB, estart, base, lrank);
       if (c == 0) write_row(row_map, probs, out_probs, t * K + lane, row);
     }
-    if (lane == 0) {
-      const uint32_t mb = smem_u32(&bar[b]), parity = (uint32_t)((j / NBUF) & 1);
-      uint32_t ready = 0;
-      while (!ready)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     " selp.u32 %0, 1, 0, p;\n}" : "=r"(ready) : "r"(mb), "r"(parity) : "memory");
-    }
+    if (lane == 0) mbar_wait(smem_u32(&bar[b]), (uint32_t)((j / NBUF) & 1));
     const uint32_t src = smem_u32(sbuf + b * chunk);
     for (int k = 0; k < K; ++k) {
       const int r = __shfl_sync(kFull, row, k);
       if (lane != 0 || r < 0) continue;
-      uint8_t* dst = out + (int64_t)r * rb + c * chunk;
-      if (EVICT_FIRST)
-        asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;"
-                     :: "l"(dst), "r"(src), "r"(n), "l"(policy) : "memory");
-      else
-        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
-                     :: "l"(dst), "r"(src), "r"(n) : "memory");
+      bulk_store<EVICT_FIRST>(out + (int64_t)r * rb + c * chunk, src, n, policy);
     }
     if (lane == 0) asm volatile("cp.async.bulk.commit_group;" ::: "memory");
     if (c == 0 && s_bytes > 0) copy_scales(sx, s_bytes, t, K, row, sout, lane);

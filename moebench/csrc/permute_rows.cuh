@@ -1,6 +1,7 @@
 // permute_rows: the permute's default copy, many whole rows in flight per SM; included by
 // moe_permute.cu inside its anonymous namespace (it uses CopyArgs, slot_row, write_row, load_idx,
-// pad_up, pdl_wait, warp_inclusive_sum, smem_u32, aligned, cdiv, blocks_per_sm, fail, kFull).
+// pad_up, pdl_wait, the PTX wrappers, warp_inclusive_sum, smem_u32, aligned, cdiv, blocks_per_sm, fail,
+// kFull).
 //
 // Why: a standalone probe with exactly the permute's traffic (FACTS.md, "Copy-kernel structure")
 // reached 0.894 of a D2D copy when each one-warp CTA bulk-loads C = 8 whole rows into shared
@@ -46,39 +47,6 @@ struct RowsArgs {
   uint32_t hist_off;   // fused: byte offset of the [E] histogram in shared memory
   bool idx64;
 };
-
-// ---------------------------------------------------------------- PTX wrappers
-__device__ __forceinline__ void mbar_init(uint32_t mb) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mb) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint32_t mb, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(mb), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t mb, uint32_t parity) {
-  uint32_t ready = 0;
-  while (!ready)
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 " selp.u32 %0, 1, 0, p;\n}" : "=r"(ready) : "r"(mb), "r"(parity) : "memory");
-}
-template <bool EF>
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t n, uint32_t mb, uint64_t pol) {
-  if (EF)
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-                 :: "r"(dst), "l"(src), "r"(n), "r"(mb), "l"(pol) : "memory");
-  else
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(dst), "l"(src), "r"(n), "r"(mb) : "memory");
-}
-template <bool EF>
-__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t n, uint64_t pol) {
-  if (EF)
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;"
-                 :: "l"(dst), "r"(src), "r"(n), "l"(pol) : "memory");
-  else
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
-                 :: "l"(dst), "r"(src), "r"(n) : "memory");
-}
 
 // Grid barrier of a cooperative launch (cooperative_groups' scheme): CTA 0 adds 2^31 - (G - 1),
 // the others 1, so bit 31 flips once all G have arrived and the low bits return to 0: the word
@@ -291,8 +259,7 @@ __global__ void __launch_bounds__(32, kRowsMaxPerSm) permute_rows_kernel(const _
   __shared__ __align__(8) uint64_t bar;
   const int lane = threadIdx.x;
   const int64_t t0 = a.T * blockIdx.x / gridDim.x, t1 = a.T * (blockIdx.x + 1) / gridDim.x;
-  uint64_t pol = 0;
-  if (EF) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  const uint64_t pol = EF ? evict_first_policy() : 0;
   const uint32_t mb = smem_u32(&bar);
   if (lane == 0) mbar_init(mb);
   __syncwarp();
