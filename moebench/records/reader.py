@@ -109,7 +109,8 @@ def parse(text: str):
     except json.JSONDecodeError as e:
         if e.msg == "Extra data":       # JSON, but more than one value: JSON lines where one document belongs
             raise Unreadable(f"more than one JSON value (the second at line {e.lineno}, column {e.colno})") from None
-        raise Unreadable(f"not JSON: {e.msg.lower()} at column {e.colno}") from None
+        msg = e.msg.lower().removesuffix(" at")       # "Invalid control character at"
+        raise Unreadable(f"not JSON: {msg} at column {e.colno}") from None
     except ValueError as e:        # an integer of more digits than Python converts (4300)
         raise Unreadable("a number too long to read" if "digits" in str(e) else f"not JSON: {e}") from None
     if _depth(v) > MAX_DEPTH:

@@ -111,13 +111,19 @@ def gpu(r: dict) -> str | None:
     return (r.get("env") or {}).get("gpu")
 
 
+def view_of(r: dict, name: str) -> dict:
+    """A record's timing view `name` ({} where absent, or where it says why it has no figure: none / fail)."""
+    v = (r.get("views") or {}).get(name) or {}
+    return {} if "none" in v or "fail" in v else v
+
+
 def view_timing(r: dict, view: str = "api") -> dict | None:
     """A record's timing in one timing view, shaped like `timing` (median_us, p10_us, p90_us, samples_us,
     iters): api is the record's own; cached and graph come from their per-iteration samples (max over
     ranks); None where the record has no such view with samples."""
     if view == "api":
         return r.get("timing") or None
-    s = ((r.get("views") or {}).get(view) or {}).get("samples_us")
+    s = view_of(r, view).get("samples_us")
     if not s:
         return None
     t = sorted(s)
@@ -131,7 +137,7 @@ def view_us(r: dict, view: str) -> float | None:
     ranks) or `mean_us` (cached: rank 0's)."""
     if view == "api":
         return median_us(r)
-    v = (r.get("views") or {}).get(view) or {}
+    v = view_of(r, view)
     return next((v[k] for k in ("median_us", "us", "mean_us") if v.get(k) is not None), None)
 
 

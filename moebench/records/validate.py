@@ -11,10 +11,12 @@ without a word).
 from __future__ import annotations
 
 import math
+import re
 from typing import NamedTuple
 
 from .check import SCHEMA as CHECK_SCHEMA
 from .schema import PERMUTE_SCHEMA, SCHEMA
+from .shapes import MEMORY_KEYS
 
 WORKLOAD_KEYS = ("num_tokens", "hidden", "num_experts", "topk", "ep", "dtype", "routing", "seed", "gpus_per_node")
 TEXT_KEYS = ("dtype", "routing")
@@ -24,6 +26,9 @@ VIEW_TIMES = ("us", "median_us", "mean_us", "max_over_ranks_us")
 # (bandwidth, the bytes it carries): a bandwidth is 0 only where its bytes are
 BANDWIDTHS = (("algbw_GBps", "bytes"), ("busbw_GBps", "bus_bytes"), ("nvlink_GBps", "nvlink_bytes"),
               ("net_GBps", "net_bytes"), ("wirebw_GBps", "wire_bytes"))
+# what a measured figure can be, by its unit (the key, or its ending after "_"): 1 ns to 11 days, up to 100 TB/s
+# (HBM and NVLink are under 10), bytes a 64-bit count holds; outside, it is no measurement (1e-300 us won)
+PLAUSIBLE = {"us": (1e-3, 1e12), "ms": (1e-6, 1e9), "GBps": (0.0, 1e5), "bytes": (0.0, float(COUNT_MAX))}
 OVERLAP_TIMES = ("comm_alone_us", "gemm_alone_us", "gemm_alone_p90_us", "overlapped_us", "overlapped_p10_us",
                  "overlapped_p90_us", "gemm_overlapped_us", "gemm_slowdown")
 
@@ -96,9 +101,14 @@ def figure(where: str, v, zero_ok: bool = False, signed: bool = False) -> Proble
         f = float(v)
     except OverflowError:
         f = math.inf
-    if math.isfinite(f) and (signed or f > 0 or (zero_ok and f == 0)):
-        return None
-    return Problem(f"{where} is {show(v)}: not a finite number {'>= 0' if zero_ok else '> 0'}", figure=True)
+    if not (math.isfinite(f) and (signed or f > 0 or (zero_ok and f == 0))):
+        return Problem(f"{where} is {show(v)}: not a finite number {'>= 0' if zero_ok else '> 0'}", figure=True)
+    unit = re.sub(r"\[\d+\]$", "", where).rsplit(".", 1)[-1].rsplit("_", 1)[-1]      # views.x.samples_us[3]: us
+    lo, hi = PLAUSIBLE.get(unit, (0.0, math.inf))
+    if f and not lo <= f <= hi:
+        return Problem(f"{where} is {show(v)}: outside what a measurement can be ({lo:g} to {hi:g} "
+                       f"{unit.replace('GBps', 'GB/s')})", figure=True)
+    return None
 
 
 def _figures(d: dict, keys, where: str, **kw) -> Problem | None:
@@ -175,6 +185,23 @@ def _overlap(o) -> Problem | None:
             or figure("overlap.exposed_us", o["exposed_us"], signed=True))
 
 
+def _memory(m) -> Problem | None:
+    """memory: {max: {MEMORY_KEYS: bytes}, per_rank: [objects], source/none/note: strings} (shapes.Memory)."""
+    if m is None:
+        return None
+    if not isinstance(m, dict):
+        return Problem(f"memory is {show(m)}, not an object")
+    p = (_typed(m, "max", "memory.", dict, "an object") or _typed(m, "per_rank", "memory.", list, "a list")
+         or next((p for k in ("source", "none", "note") if (p := _typed(m, k, "memory.", str, "a string"))), None))
+    if p:
+        return p
+    if any(not isinstance(x, dict) for x in m.get("per_rank") or []):
+        return Problem("memory.per_rank holds an entry that is not an object")
+    top = m.get("max") or {}
+    return next((p for k in MEMORY_KEYS if top.get(k) is not None
+                 and (p := _count(top, k, "memory.max.", low=0))), None)
+
+
 def _workload(r: dict, need) -> Problem | None:
     w = r.get("workload")
     if not isinstance(w, dict):
@@ -224,7 +251,7 @@ def _parts(r: dict) -> Problem | None:
 def dispatch_problem(r: dict, need=WORKLOAD_KEYS) -> Problem | None:
     """The first problem of a moebench.dispatch record, or None. need: the workload keys the tool reads."""
     return (_workload(r, need) or _parts(r) or _timing(r.get("timing")) or _views(r.get("views"))
-            or _traffic(r.get("traffic")) or _overlap(r.get("overlap")))
+            or _traffic(r.get("traffic")) or _overlap(r.get("overlap")) or _memory(r.get("memory")))
 
 
 def row_problem(row, where: str = "") -> Problem | None:

@@ -18,7 +18,7 @@ from moebench.checks.registry import Context, Result
 from moebench.core.workload import WorkloadError
 from moebench.harness import sweep
 from moebench.megatron import ab
-from moebench.records import reader, validate
+from moebench.records import reader, schema, validate
 from moebench.records.reader import RecordError
 
 W = {"num_tokens": 4096, "hidden": 7168, "num_experts": 256, "topk": 8, "ep": 8, "dtype": "bf16",
@@ -97,6 +97,12 @@ MALFORMED = [
     (changed("shared_gpu", {"note": "x"}), "shared_gpu.ranks_per_gpu is missing"),
     (changed("sweep", {"case": 1}), "sweep.case is 1, not a string"),
     (changed("overlap", {"gemm": "x"}), "overlap.comm_alone_us is missing"),
+    (changed("memory", 5), "memory is 5, not an object"),
+    (changed("memory", {"max": [1]}), "memory.max is a JSON list, not an object"),
+    (changed("memory", {"per_rank": [3]}), "memory.per_rank holds an entry that is not an object"),
+    (changed("memory", {"max": {"footprint_bytes": "big"}}), "memory.max.footprint_bytes is 'big', not an integer"),
+    (changed("memory", {"max": {"footprint_bytes": -1}}), "memory.max.footprint_bytes is -1"),
+    (changed("memory", {"none": 3}), "memory.none is 3, not a string"),
 ]
 # impossible figures in records of the right shape: skipped by report tables, refused by the tools that judge
 IMPOSSIBLE = [
@@ -111,6 +117,9 @@ IMPOSSIBLE = [
     (changed("timing.samples_us", [300.0, math.inf]), "timing.samples_us[1] is Infinity"),
     (changed("views", {"graph": {"us": 10.0, "samples_us": [math.nan]}}), "views.graph.samples_us[0] is NaN"),
     (changed("views", {"cached": {"mean_us": -1.0}}), "views.cached.mean_us is -1.0"),
+    (changed("timing.samples_us", [1e-300] * 3), "timing.samples_us[0] is 1e-300: outside what a measurement can be"),
+    (changed("views", {"cached": {"us": 1e300}}), "views.cached.us is 1e+300: outside what a measurement can be"),
+    (changed("traffic.algbw_GBps", 1e308), "traffic.algbw_GBps is 1e+308: outside what a measurement can be"),
     (changed("traffic.algbw_GBps", math.nan), "traffic.algbw_GBps is NaN"),
     (changed("traffic.algbw_GBps", 0.0), "traffic.algbw_GBps is 0.0: not a finite number > 0 while traffic.bytes"),
     (changed("traffic.busbw_GBps", -2.0), "traffic.busbw_GBps is -2.0"),
@@ -221,10 +230,19 @@ def test_every_committed_result_reads_clean(capsys):
     assert n > 50 and checks > 0 and capsys.readouterr().err == ""
 
 
+def test_a_view_that_says_why_it_has_no_figure_gives_none():
+    """A view holding `none` or `fail` is no timing, whatever else it holds (its samples once made a verdict)."""
+    for why in ("none", "fail"):
+        r = rec(views={"cached": {why: "x", "samples_us": [math.nan, -5.0]}, "graph": {"us": 9.0}})
+        assert schema.view_timing(r, "cached") is None and schema.view_us(r, "cached") is None
+        assert schema.view_us(r, "graph") == 9.0 and validate.dispatch_problem(r) is None
+
+
 @pytest.mark.parametrize("row, why", [
     ({"workload": "p2p", "backend": "x", "phase": "0->1", "GBps": math.nan}, "GBps is NaN"),
     ({"workload": "p2p", "backend": "x", "phase": "0->1", "GBps": 0}, "GBps is 0"),
     ({"workload": "p2p", "backend": "x", "phase": "0->1", "GBps": -1.5}, "GBps is -1.5"),
+    ({"workload": "p2p", "backend": "x", "phase": "0->1", "GBps": 1e308}, "GBps is 1e+308: outside"),
 ])
 def test_the_gate_never_passes_on_an_impossible_row(tmp_path, row, why):
     """A baseline row (rows JSONL or a check report) is refused; this run's own row FAILs the gate."""
