@@ -15,6 +15,11 @@ on a sample of tokens per rank and scales the counts (the split is a per-token p
 Predicted time of a phase = max over ranks of max(NVLink bytes / NVLink GB/s, network bytes /
 network GB/s): both link kinds run at once, the slowest rank sets the pace. Link speeds are the
 nominal ceilings (moebench.core.ceilings) or the effective busbw of measured results (--results).
+
+Memory per GPU is each backend's footprint, measured (--results of this shape) or estimated, against the GPU's
+(--gpu-memory-gib, else the SKU's nominal size, core/ceilings.py): a shape no backend fits gets that as its only advice. Sizes past what
+a cluster plan can have are refused (LIMITS), and EP x experts is bounded (MAX_EP_EXPERTS): every EP rank's
+routing is drawn over every expert, so a plan takes seconds and bounded memory whatever the flags say.
 """
 from __future__ import annotations
 
@@ -30,8 +35,20 @@ from .core.workload import DTYPES, Workload, WorkloadError, make_routing
 from .harness.spec import add_shape_args
 from .records import reader, schema
 
-SAMPLE_BUDGET = 1 << 25        # routing scores generated at most (EP ranks x tokens x experts)
 PLAN_NEEDS = ("num_tokens", "hidden", "topk", "dtype")   # the workload keys measured_links reads
+SAMPLE_BUDGET = 1 << 25        # routing scores generated at most (EP ranks x tokens x experts)
+MIN_SAMPLE = 64                # tokens drawn per rank at least (the slowest rank's count is a max over ranks)
+MAX_EP_EXPERTS = 1 << 20       # EP x experts (EP 1024, 1024 experts): every rank draws MIN_SAMPLE+ tokens x experts
+MAX_GPUS = 1 << 20             # GPUs in one plan, --gpus or ETP*EP*PP: past the largest clusters built
+GBPS_RANGE = (0.01, 1e5)       # what a real link carries, GB/s per GPU per direction
+# flag: (highest value, why): what a real plan can have; past it plan refuses (one line, exit 2), never advises
+_GROUP = "no cluster plan has a larger parallel group"
+LIMITS = {"ep": (1 << 16, _GROUP), "tp": (1 << 16, _GROUP), "etp": (1 << 16, _GROUP), "pp": (1 << 16, _GROUP),
+          "gpus_per_node": (1 << 16, "no NVLink domain has more GPUs"), "hidden": (1 << 16, "no model is wider"),
+          "num_experts": (1 << 16, "no MoE layer has more experts"),
+          "topk": (1 << 8, "no router picks more experts per token"),
+          "num_tokens": (1 << 24, "no step has more tokens per rank"),
+          "sample_budget": (SAMPLE_BUDGET, "the default; lower samples fewer tokens")}
 
 
 def layout(gpus: int, gpn: int, ep: int, tp: int = 1, etp: int | None = None, pp: int = 1) -> dict:
@@ -40,6 +57,8 @@ def layout(gpus: int, gpn: int, ep: int, tp: int = 1, etp: int | None = None, pp
     for name, v in (("ep", ep), ("tp", tp), ("etp", etp), ("pp", pp), ("gpus-per-node", gpn), ("gpus", gpus)):
         if v < 1:
             raise WorkloadError(f"--{name} must be >= 1, got {v}")
+    if gpus > MAX_GPUS:
+        raise WorkloadError(f"{gpus} GPUs (--gpus, else ETP*EP*PP) is more than any cluster has: at most {MAX_GPUS}")
     if gpus % (etp * ep * pp) or gpus % (tp * pp):
         raise WorkloadError(f"--gpus {gpus} is not divisible by ETP*EP*PP = {etp * ep * pp} and TP*PP = {tp * pp}")
     if gpus > gpn and gpus % gpn:
@@ -70,7 +89,11 @@ def pair_counts(w: Workload, budget: int = SAMPLE_BUDGET) -> dict:
 
     Returns {sampled_tokens, dispatch: split, combine: split, bytes: {phase: phase_bytes (scaled)}}.
     """
-    ts = min(w.num_tokens, max(64, budget // (w.ep * w.num_experts)))
+    if w.ep * w.num_experts > MAX_EP_EXPERTS:
+        raise WorkloadError(f"EP {w.ep} x {w.num_experts} experts = {w.ep * w.num_experts}: plan draws every EP rank's "
+                            f"routing over every expert and takes EP x experts <= {MAX_EP_EXPERTS} (EP 1024 with "
+                            "1024 experts), past any MoE layout in use")
+    ts = min(w.num_tokens, max(MIN_SAMPLE, budget // (w.ep * w.num_experts)))
     ws = w.replace(num_tokens=ts)
     routings = [make_routing(ws, r)[0] for r in range(w.ep)]
     t = traffic.traffic_of(routings, ws)
@@ -166,8 +189,13 @@ def inside_ep(w: Workload, gpn: int, etp: int) -> int:
     return max(e for e in range(1, w.num_experts + 1) if w.num_experts % e == 0 and e * etp <= gpn)
 
 
+def gpu_memory_bytes(gpu: str, gib: float | None = None) -> float | None:
+    """Memory per GPU: `gib` (--gpu-memory-gib), else the nominal size of the --gpu SKU; None when unknown."""
+    return gib * 2**30 if gib is not None else ceilings.nominal_memory_bytes(gpu)
+
+
 def plan(w: Workload, lay: dict, nvlink_gbps: float, net_gbps: float, records: list[dict] | None = None,
-         budget: int = SAMPLE_BUDGET) -> dict:
+         budget: int = SAMPLE_BUDGET, gpu: str = "H200", gpu_gib: float | None = None) -> dict:
     """The whole plan as a JSON-ready dict (see module docstring)."""
     counts = pair_counts(w, budget)
     pred = {"nominal": predict_us(w, counts, nvlink_gbps, net_gbps)}
@@ -183,13 +211,34 @@ def plan(w: Workload, lay: dict, nvlink_gbps: float, net_gbps: float, records: l
     out = {"layout": lay, "workload": w.asdict(), "sampled_tokens": counts["sampled_tokens"],
            "pairs": {p: {k: v for k, v in counts[p].items() if not k.startswith("_")} for p in ("dispatch", "combine")},
            "bytes": counts["bytes"], "links": {"nvlink_GBps": nvlink_gbps, "net_GBps": net_gbps},
-           "predicted_us": pred,
+           "predicted_us": pred, "gpu": {"name": gpu, "memory_bytes": gpu_memory_bytes(gpu, gpu_gib)},
            "memory_per_gpu": memory(w, records or [], counts["dispatch"]["mean"]["total"])}
     out["advice"] = advice(w, lay, out, nvlink_gbps, net_gbps, budget)
     return out
 
 
+def memory_advice(p: dict) -> tuple[list[str], bool]:
+    """(advice on memory, whether no backend fits): which footprints exceed the GPU's memory."""
+    gpu, have, mem = p["gpu"]["name"], p["gpu"]["memory_bytes"], p["memory_per_gpu"]
+    if have is None:
+        return [f"no memory size known for GPU {gpu!r}: pass --gpu-memory-gib to check that this shape fits"], False
+    over = [m for m in mem if m["bytes"] > have]
+    if not over:
+        return [], False
+    need = ", ".join(f"{m['backend']} ~{m['bytes'] / 2**30:,.1f} GiB" for m in over)
+    fits = [m["backend"] for m in mem if m not in over]
+    tail = (f"only {', '.join(fits)} fits" if fits else
+            "lower --num-tokens (tokens per rank: more DP ranks share the batch), --hidden or --topk")
+    return [f"does not fit: {need} per GPU, more than the GPU's {have / 2**30:g} GiB ({gpu}); {tail}"], not fits
+
+
 def advice(w: Workload, lay: dict, p: dict, nvlink_gbps: float, net_gbps: float, budget: int) -> list[str]:
+    """Memory first: a shape no backend fits gets only that; else the layout's advice, then memory's."""
+    mem, none_fit = memory_advice(p)
+    return mem if none_fit else layout_advice(w, lay, p, nvlink_gbps, net_gbps, budget) + mem
+
+
+def layout_advice(w: Workload, lay: dict, p: dict, nvlink_gbps: float, net_gbps: float, budget: int) -> list[str]:
     gpn, etp, ep = lay["gpus_per_node"], lay["etp"], lay["ep"]
     t = p["predicted_us"]["nominal"]
     if not lay["leaves_nvlink_domain"]:
@@ -247,9 +296,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=cli.count(), default=1, help="tensor-parallel size")
     p.add_argument("--etp", type=cli.count(), help="expert tensor-parallel size (Megatron's default: TP)")
     p.add_argument("--pp", type=cli.count(), default=1, help="pipeline-parallel size")
-    p.add_argument("--gpu", default="H200", help="GPU SKU for the nominal NVLink speed (default H200)")
-    p.add_argument("--nvlink-gbps", type=cli.number(0, strict=True), help="NVLink GB/s per GPU per direction (default: nominal)")
-    p.add_argument("--net-gbps", type=cli.number(0, strict=True), help=f"network GB/s per GPU (default {ceilings.NIC_NOMINAL_GBPS:g})")
+    p.add_argument("--gpu", default="H200", help="GPU SKU for the nominal NVLink speed and memory (default H200)")
+    p.add_argument("--gpu-memory-gib", type=cli.number(0, strict=True, high=1e5),
+                   help="memory per GPU in GiB, to check the shape fits (default: that of --gpu)")
+    p.add_argument("--nvlink-gbps", type=cli.number(GBPS_RANGE[0], high=GBPS_RANGE[1]),
+                   help="NVLink GB/s per GPU per direction (default: nominal)")
+    p.add_argument("--net-gbps", type=cli.number(GBPS_RANGE[0], high=GBPS_RANGE[1]),
+                   help=f"network GB/s per GPU (default {ceilings.NIC_NOMINAL_GBPS:g})")
     p.add_argument("--results", nargs="+", metavar="JSONL", help="measured results: predict from their busbw")
     add_shape_args(p)
     p.add_argument("--dtype", choices=DTYPES, default="bf16")
@@ -264,6 +317,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     try:
+        check_limits(a)
         etp = a.tp if a.etp is None else a.etp
         lay = layout(a.gpus if a.gpus is not None else etp * a.ep * a.pp, a.gpus_per_node, a.ep, a.tp, etp, a.pp)
         w = Workload(num_tokens=a.num_tokens, hidden=a.hidden, num_experts=a.num_experts, topk=a.topk, ep=a.ep,
@@ -273,12 +327,20 @@ def main(argv: list[str] | None = None) -> int:
             raise WorkloadError(f"no nominal NVLink speed for GPU {a.gpu!r}: pass --nvlink-gbps")
         records = _read(a.results) if a.results else None
         net = a.net_gbps if a.net_gbps is not None else ceilings.NIC_NOMINAL_GBPS
-        p = plan(w, lay, nvl, net, records, a.sample_budget)
+        p = plan(w, lay, nvl, net, records, a.sample_budget, a.gpu, a.gpu_memory_gib)
     except WorkloadError as e:
         print(f"moebench.plan: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(p, indent=1) if a.json else format_text(p))
     return 0
+
+
+def check_limits(a: argparse.Namespace) -> None:
+    """WorkloadError naming the first flag past what a real plan can have (LIMITS)."""
+    for name, (high, why) in LIMITS.items():
+        v = getattr(a, name)
+        if v is not None and v > high:
+            raise WorkloadError(f"--{name.replace('_', '-')} must be at most {high} ({why}), got {v}")
 
 
 def _read(paths: list[str]) -> list[dict]:

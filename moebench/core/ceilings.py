@@ -14,6 +14,10 @@ NVLINK_NOMINAL = (
     ("A800", 200.0), ("A100", 300.0),
 )
 NIC_NOMINAL_GBPS = 50.0      # 400 Gb/s IB/RoCE per GPU (EFA p5/p6: 3.2 Tb/s per 8 GPUs, the same)
+# (substring of the device name, memory per GPU in GiB as marketed, about what torch reports); first match wins.
+# A SKU sold in two sizes (A100 40/80 GB) is taken at its larger: plan's --gpu-memory-gib says otherwise
+MEMORY_NOMINAL_GIB = (("GB300", 288), ("B300", 288), ("GB200", 186), ("B200", 180), ("H200", 141), ("H20", 96),
+                      ("H800", 80), ("H100", 80), ("A800", 80), ("A100", 80))
 
 
 def nominal_nvlink(gpu_name: str | None) -> float | None:
@@ -21,6 +25,10 @@ def nominal_nvlink(gpu_name: str | None) -> float | None:
         if gpu_name and key in gpu_name.upper():
             return gbps
     return None
+
+
+def nominal_memory_bytes(gpu_name: str | None) -> float | None:
+    return next((gib * 2**30 for key, gib in MEMORY_NOMINAL_GIB if gpu_name and key in gpu_name.upper()), None)
 
 
 def ceiling_for(gpu_name: str | None, net_bytes: float, override_gbps: float | None = None,

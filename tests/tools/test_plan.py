@@ -2,10 +2,14 @@
 (never replaced by a default); CPU and shared-GPU results are not used as measurements."""
 from math import comb
 import json
+import resource
+import subprocess
+import sys
 import time
 
 import pytest
 
+from conftest import ROOT, fake_env
 from moebench import plan
 from moebench.core.workload import Workload, WorkloadError
 
@@ -168,3 +172,71 @@ def test_cpu_results_are_not_measurements(tmp_path, capsys):
     nominal = p["predicted_us"]["nominal"]["dispatch"]
     assert p["predicted_us"]["measured:deepep"]["dispatch"] == pytest.approx(nominal * 450 / 300)   # the GPU row only
     assert "left out 1 record" in err
+
+
+# ---- sizes no cluster plan has: one line and exit 2 in seconds, or advice that says the shape does not fit ----
+def plan_cli(*argv, timeout=60) -> tuple[subprocess.CompletedProcess, float]:
+    """`python -m moebench.plan` as a user runs it, held to 4 GiB of address space (a regression fails, not the host)."""
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-m", "moebench.plan", *argv], capture_output=True, text=True, timeout=timeout,
+                       env=fake_env(), cwd=ROOT, preexec_fn=cap)
+    return p, time.time() - t0
+
+
+def refused_fast(argv, *words):
+    p, took = plan_cli(*argv)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1 and "Traceback" not in p.stderr, (p.returncode, p.stderr[-2000:])
+    assert err[0].startswith("moebench.plan: error: ") and all(w in err[0] for w in words), err[0]
+    assert took < 15, took
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--ep", "100000", "--num-experts", "100000"], ("--ep must be at most 65536",)),
+    (["--ep", "2048", "--num-experts", "2048", "--gpus", "2048"], ("EP 2048 x 2048 experts", "1048576")),
+    (["--ep", "16", "--num-experts", "65536", "--topk", "65536"], ("--topk must be at most 256",)),
+], ids=["ep-100000", "ep-x-experts", "topk"])
+def test_ep_times_experts_past_any_layout_is_refused_not_simulated(argv, words):
+    """Every EP rank's routing is drawn over every expert: EP 100000 x 100000 experts grew to 24 GB and was killed."""
+    refused_fast(argv, *words)
+
+
+def test_a_hidden_size_past_int64_is_one_line():
+    refused_fast(["--ep", "16", "--num-experts", "256", "--hidden", "9" * 20], "--hidden must be at most 65536")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--ep", "8", "--num-tokens", str(10**12)], ("--num-tokens must be at most 16777216",)),
+    (["--ep", "8", "--num-tokens", "9" * 20], ("--num-tokens must be at most",)),
+    (["--ep", "8", "--pp", "9" * 20], ("--pp must be at most 65536",)),
+    (["--ep", "8", "--tp", "65536", "--pp", "65536"], ("34359738368 GPUs", "at most 1048576")),
+    (["--ep", "8", "--gpus", str(10**20)], ("--gpus", "at most 1048576")),
+    (["--ep", "8", "--gpus-per-node", "9" * 20], ("--gpus-per-node must be at most 65536",)),
+    (["--ep", "8", "--nvlink-gbps", "1e-300"], ("--nvlink-gbps must be",)),
+    (["--ep", "8", "--sample-budget", "9" * 20], ("--sample-budget must be at most",)),
+], ids=["tokens-1e12", "tokens-1e20", "pp", "gpus-implied", "gpus", "gpus-per-node", "nvlink-gbps", "sample-budget"])
+def test_shapes_no_cluster_has_are_refused(argv, words):
+    refused_fast(argv, *words)
+
+
+def test_a_shape_no_gpu_holds_is_advised_as_not_fitting():
+    """10^6 tokens per rank at H 7168 needs ~560 GiB per GPU: the advice was 'Keep it there'."""
+    p, _ = plan_cli("--ep", "8", "--num-tokens", "1000000", "--json")
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout)
+    assert out["gpu"] == {"name": "H200", "memory_bytes": 141 * 2**30}
+    assert all(m["bytes"] > 141 * 2**30 for m in out["memory_per_gpu"])
+    assert len(out["advice"]) == 1 and out["advice"][0].startswith("does not fit:"), out["advice"]
+    assert "141 GiB" in out["advice"][0] and "--num-tokens" in out["advice"][0]
+
+
+def test_memory_fit_follows_the_gpu(capsys):
+    base = ["--ep", "8", "--num-tokens", "256", "--hidden", "1024"]
+    assert not any("does not fit" in a for a in run(capsys, *base)["advice"])        # a few MiB on an H200
+    tight = run(capsys, *base, "--gpu-memory-gib", "0.001")
+    assert tight["advice"][0].startswith("does not fit:") and len(tight["advice"]) == 1
+    unknown = run(capsys, *base, "--gpu", "XPU9", "--nvlink-gbps", "100")
+    assert "Keep it there" in unknown["advice"][0] and "--gpu-memory-gib" in unknown["advice"][-1]
+    assert unknown["gpu"]["memory_bytes"] is None
