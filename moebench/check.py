@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=cli.count(), default=1, help="TP size of the training run (EP x TP vs the NVLink domain)")
     add_shape_args(p, tokens_help="round-trip tokens per rank")
     p.add_argument("--ll-num-tokens", type=cli.count(), default=128, help="round-trip tokens per rank for deepep-ll")
-    p.add_argument("--iters", type=cli.count(), default=10, help="timed iterations of the round trips")
+    p.add_argument("--iters", type=cli.count(high=cli.MAX_ITERS), default=10, help="timed iterations of the round trips")
     p.add_argument("--soak", type=cli.count(0), default=0, metavar="N",
                    help="after each round trip, N more calls on fresh routing (and N graph replays), each checked "
                         "against the oracle: a build that corrupts a few percent of calls FAILs (default 0: off)")
@@ -69,6 +69,8 @@ def _validate(args) -> None:
     bad_out = cli.first_output_problem([(args.out, "--out"), (args.junit, "--junit")]) or launcher.problem()
     if bad_out or (bad_out := _size_problem(args)):
         raise SelectionError(bad_out)
+    if args.results and not args.baseline:
+        raise SelectionError("--results needs --baseline: the results are gated against it")
     for flag, f in [("--baseline", args.baseline), *(("--results", f) for f in args.results or [])]:
         if f:
             try:

@@ -12,7 +12,7 @@ from . import cli
 from .core.workload import WorkloadError
 from .env import launcher
 from .harness import spec, sweep
-from .harness.launch import joined_env
+from .harness.launch import join_problem, joined_env
 from .harness.runner import run_case
 from .harness.spec import RunSpec
 from .records import schema, tables, writer
@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         run = RunSpec.from_args(args).check()
     except WorkloadError as e:
         print(f"moebench.dispatch: error: {e}", file=sys.stderr)
+        return 2
+    if not_joined := join_problem(run.timeout_s):
+        print(f"moebench.dispatch: error: {not_joined}", file=sys.stderr)
         return 2
     joined = joined_env()
     say = print if joined is None or joined[0] == 0 else (lambda *a, **k: None)   # rank 0 reports

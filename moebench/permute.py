@@ -46,7 +46,7 @@ class UsageError(ValueError):
 
 def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
     shapes = []
-    for item in filter(None, text.split(",")):
+    for item in names_list(text, "--shapes", what="shape"):
         parts = item.lower().split("x")
         if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
             raise UsageError(f"--shapes: {item!r} is not TxHxKxE with positive integers")
@@ -54,8 +54,6 @@ def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
         if K > E:
             raise UsageError(f"--shapes: {item!r} has top-k {K} > experts {E}")
         shapes.append((T, H, K, E))
-    if not shapes:
-        raise UsageError("--shapes: no shapes given")
     return shapes
 
 
@@ -67,7 +65,7 @@ def parse_args(argv):
                    "those that cannot run here WAIVED; one named that this machine cannot run is refused)")
     p.add_argument("--impl", dest="impl", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old name
     p.add_argument("--ops", default=",".join(OPS), help="comma list of " + ", ".join(OPS))
-    p.add_argument("--iters", type=cli.count(), default=50)
+    p.add_argument("--iters", type=cli.count(high=cli.MAX_ITERS), default=50)
     p.add_argument("--warmup-ms", type=cli.number(0, high=cli.MAX_WAIT_S * 1e3), help="warm-up budget per timed row (default 200; CPU 0)")
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="permute payload")
     p.add_argument("--out", default=None, help="JSONL file to append to")
@@ -80,21 +78,21 @@ def parse_args(argv):
     p.add_argument("--seed", type=cli.seed, default=0)
     a = p.parse_args(argv)
     a.explicit = a.impl is not None          # named: one this machine cannot run is bad input, not WAIVED
-    a.impl_list = names_list(",".join(IMPLS) if a.impl is None else a.impl, "--ops-impl", lambda s: s.split("@")[0] in IMPLS, IMPLS)
-    a.op_list = names_list(a.ops, "--ops", lambda s: s in OPS, OPS)
+    a.impl_list = names_list(",".join(IMPLS) if a.impl is None else a.impl, "--ops-impl", IMPLS, "implementation",
+                             lambda s: s.split("@")[0])
+    a.op_list = names_list(a.ops, "--ops", OPS, "op")
     return a
 
 
-def names_list(text: str, flag: str, known, names) -> list[str]:
-    """A comma list of known names, each once; UsageError (one line) for none, an unknown one or a repeat."""
-    items = [s.strip() for s in text.split(",") if s.strip()]
-    if not items:
-        raise UsageError(f"{flag}: names nothing (give a comma list of {', '.join(names)})")
-    for i, s in enumerate(items):
-        if not known(s):
-            raise UsageError(f"{flag}: unknown {s!r}; known: {', '.join(names)}")
-        if s in items[:i]:
-            raise UsageError(f"{flag}: names {s} twice")
+def names_list(text: str, flag: str, names=None, what: str = "name", base=lambda s: s) -> list[str]:
+    """A comma list, each item once and (with `names`) known by its `base`; UsageError (one line) otherwise."""
+    try:
+        items = cli.comma_list(text, flag, what)
+    except ValueError as e:
+        raise UsageError(f"{e}" + (f" (give a comma list of {', '.join(names)})" if names else "")) from None
+    unknown = next((s for s in items if names and base(s) not in names), None)
+    if unknown:
+        raise UsageError(f"{flag}: unknown {what} {unknown!r}; known: {', '.join(names)}")
     return items
 
 

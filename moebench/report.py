@@ -236,7 +236,11 @@ def _is_path(name: str) -> bool:
 def _compare_inputs(args) -> tuple[list[dict], list[dict], str, str, bool]:
     """Two files (each read on its own), or two backends of FILE...: a figure no verdict can take refuses."""
     a, b = args.compare
+    if a == b:
+        raise ReportError(f"--compare {a} {b}: the same {'file' if _is_path(a) else 'backend'} on both sides")
     if _is_path(a) or _is_path(b):
+        if twice := cli.repeated_input((a, b)):
+            raise ReportError(f"--compare: {twice}")
         ra, rb = (read_dispatch([f], "moebench.report", verdict=True) for f in (a, b))
         return ra, rb, a, b, False
     if not args.files:
@@ -253,8 +257,8 @@ def _compare_inputs(args) -> tuple[list[dict], list[dict], str, str, bool]:
 
 def run(args) -> int:
     bad_out = cli.first_output_problem([(args.plot, "--plot"), (args.overlap_plot, "--overlap-plot")])
-    if bad_out:
-        raise ReportError(bad_out)
+    if bad := bad_out or cli.repeated_input(args.files):
+        raise ReportError(bad)
     if args.compare:
         ra, rb, la, lb, by_backend = _compare_inputs(args)
         read = len(ra) + len(rb)

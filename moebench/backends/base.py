@@ -14,6 +14,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from ..cli import comma_list
 from ..core.workload import Workload, WorkloadError
 from ..ops import IMPLS
 
@@ -237,17 +238,15 @@ def parse_backends(spec: str) -> list[str]:
     """'all' or a comma-separated list; unknown, empty or repeated names raise WorkloadError."""
     if spec.strip() == "all":
         return list(REGISTRY)
-    out = [s.strip() for s in spec.split(",")]
-    if not any(out):
-        raise WorkloadError(f"--backend names no backend (give all, or a list of: {', '.join(REGISTRY)})")
-    if not all(out):
-        raise WorkloadError(f"--backend {spec!r} has an empty name between its commas")
+    try:
+        out = comma_list(spec, "--backend", "backend")
+    except ValueError as e:
+        raise WorkloadError(f"{e} (give all, or a list of: {', '.join(REGISTRY)})") from None
+    if "all" in out:
+        raise WorkloadError(f"--backend {spec!r}: all names every backend; give it alone, or list the backends")
     for n in out:
         if n not in REGISTRY:
             raise WorkloadError(f"unknown backend {n!r} (known: all, {', '.join(REGISTRY)})")
-    twice = sorted({n for n in out if out.count(n) > 1})
-    if twice:
-        raise WorkloadError(f"--backend names {twice[0]} twice")
     return out
 
 

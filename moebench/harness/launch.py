@@ -52,6 +52,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from . import join  # noqa: E402  (torch: after the stop signals, as above)
 
 
 class LaunchError(RuntimeError):
@@ -76,6 +77,14 @@ def joined_env() -> tuple[int, int, int] | None:
     """(rank, world, local_rank) when started by torchrun or srun, else None (env/launcher.py decides; the
     tools refuse a partial or garbled launcher environment before any work: launcher.problem)."""
     return launcher.joined()
+
+
+def join_problem(timeout_s: float) -> str:
+    """'' when this process starts its own ranks, or once every rank of its torchrun/srun job has joined
+    (harness/join.py: bounded by timeout_s, Ctrl-C stops it); else the one line why not. Tools call it before
+    any work, so a job whose other ranks never start is one refusal, not a FAIL per backend."""
+    joined = joined_env()
+    return join.join(joined[0], joined[1], timeout_s) if joined else ""
 
 
 @contextlib.contextmanager
@@ -110,7 +119,7 @@ def pg_backend(device_type: str, ranks_per_gpu: int = 1) -> str:
 
 
 def _init(rank: int, world: int, local_rank: int, device_type: str, timeout_s: float,
-          ranks_per_gpu: int = 1) -> RankContext:
+          ranks_per_gpu: int = 1, store=None) -> RankContext:
     if device_type == "cuda":
         device = torch.device("cuda", gpu_of(local_rank, ranks_per_gpu))
         torch.cuda.set_device(device)
@@ -119,7 +128,7 @@ def _init(rank: int, world: int, local_rank: int, device_type: str, timeout_s: f
         torch.set_num_threads(1)
     backend = pg_backend(device_type, ranks_per_gpu)
     kw = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend, rank=rank, world_size=world,
+    dist.init_process_group(backend, rank=rank, world_size=world, store=store,
                             timeout=datetime.timedelta(seconds=timeout_s), **kw)
     return RankContext(rank, world, device, dist.group.WORLD, local_rank, ranks_per_gpu)
 
@@ -267,7 +276,11 @@ def _signal_name(code: int) -> str:
 
 def _run_joined(fn, joined, device_type, timeout_s, args, ranks_per_gpu=1) -> list:
     rank, world, local_rank = joined
-    ctx = _init(rank, world, local_rank, device_type, timeout_s, ranks_per_gpu)
+    try:
+        store = join.group_store(rank, world, timeout_s)
+    except join.JoinError as e:
+        raise LaunchError(str(e), crash="hang") from None
+    ctx = _init(rank, world, local_rank, device_type, timeout_s, ranks_per_gpu, store)
     try:
         out = fn(ctx, *args)
         gathered = [None] * world if rank == 0 else None

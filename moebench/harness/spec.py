@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from ..backends import base
 from ..backends.base import ENV_KNOB
-from ..cli import (MAX_WAIT_S, Parser, add_settings, count, number, read_settings, seconds, seed, setting,
-                   write_settings)
+from ..cli import (MAX_CALLS, MAX_ITERS, MAX_WAIT_S, Parser, add_settings, comma_list, count, number,
+                   read_settings, seconds, seed, setting, write_settings)
 from ..core.workload import DTYPES, Workload, WorkloadError
 from . import overlap, preflight
 from .launch import joined_env
@@ -61,9 +61,10 @@ def add_shape_args(p: argparse.ArgumentParser, tokens_help: str = "tokens per ra
 
 def parse_views(text: str) -> tuple[str, ...]:
     """argparse type of --views: known names, api always kept, in VIEWS order."""
-    names = {v.strip() for v in text.split(",") if v.strip()}
-    if not names:
-        raise argparse.ArgumentTypeError(f"names no view (give a comma list of {', '.join(VIEWS)})")
+    try:
+        names = set(comma_list(text, "", "view"))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e} (give a comma list of {', '.join(VIEWS)})") from None
     unknown = sorted(names - set(VIEWS))
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown view {unknown[0]!r} (known: {', '.join(VIEWS)})")
@@ -113,7 +114,7 @@ class RunSpec:
     device: str = setting("cpu", "--device", help="where the ranks run (auto: GPUs when enough are visible)",
                           choices=("auto", "cuda", "cpu"), default="auto", read=lambda a, c: c["placement"].device,
                           write=lambda v: ["--device", v])
-    iters: int = setting(5, "--iters", type=count(), default=None,
+    iters: int = setting(5, "--iters", type=count(high=MAX_ITERS, why="every sample lands in the record"), default=None,
                          help=f"timed iterations (default {DEFAULT_ITERS['cuda']}; CPU {DEFAULT_ITERS['cpu']})",
                          read=lambda a, c: a.iters if a.iters is not None else DEFAULT_ITERS[c["placement"].device],
                          write=lambda v: ["--iters", v])
@@ -156,7 +157,8 @@ class RunSpec:
     graph_calls: int = setting(GRAPH_CALLS, "--graph-calls", type=count(), default=GRAPH_CALLS, metavar="N",
                                help=f"graph view: dispatch + combine pairs captured back to back in one CUDA graph "
                                     f"(default {GRAPH_CALLS})")
-    soak: int = setting(0, "--soak", type=count(0), metavar="N",
+    soak: int = setting(0, "--soak", type=count(0, MAX_CALLS, "a million calls bound a rate below 3e-6"),
+                        metavar="N",
                         help="after the timed calls, N more calls on freshly drawn tokens and routing (and N replays "
                              "of the graph view's graph), every one checked against the oracle: rare silent "
                              "corruption is FAIL with the calls and rows named (harness/soak.py)")

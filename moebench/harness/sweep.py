@@ -16,6 +16,7 @@ setting per (backend, shape) (dispatch + combine median); `python -m moebench.me
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
@@ -34,6 +35,7 @@ from ..records.knobs import best_knobs
 from ..records.schema import knobs_of
 from ..records.tables import format_best, sig3
 from ..records.validate import COUNT_MAX, show
+from .launch import join_problem
 from .runner import run_case
 from .spec import RunSpec
 
@@ -150,8 +152,9 @@ def workloads(s: Sweep, base: dict) -> list[Workload]:
         fields = {**base, **dict(zip(keys, values))}
         try:
             out.append(Workload(**fields))
-        except (WorkloadError, TypeError) as e:
-            raise WorkloadError(f"sweep {s.name}: {e}") from None
+        except (WorkloadError, TypeError) as e:      # named by the sweep's keys where the value is the sweep's
+            why = functools.reduce(lambda m, k: m.replace(f"--{k.replace('_', '-')}", k), keys, str(e))
+            raise WorkloadError(f"sweep {s.name}: {why}") from None
     return out
 
 
@@ -217,6 +220,7 @@ class SweepState:
         self.max_cases, self.redo_failed = max_cases, redo_failed
         self.n = self.ran = self.skipped = 0
         self.failed: set[str] = set()
+        self.refused: list[str] = []                    # cases this machine cannot run: "label: why"
         self.done = done_keys(records, redo_failed)
         self.history: list[tuple[int, float]] = []     # (work, seconds) of the cases run
         self.waivers: set | None = None
@@ -237,7 +241,8 @@ class SweepState:
         try:
             recs = run_tagged(case_spec(self.base, case), self.s, case)
         except WorkloadError as e:
-            print(f"    skipped: {e}")
+            print(f"    refused: {e}")
+            self.refused.append(f"{label(self.s, case)}: {e}")
             return
         self.history.append((case_work(case.w), time.monotonic() - t0))
         writer.write_jsonl(self.base.out, [r for r in recs if not self.repeats_waiver(r)])
@@ -350,6 +355,8 @@ def main_sweep(args) -> int:
     try:
         s, wls, base = _setup(args)
         existing = read_existing(base.out)
+        if not_joined := join_problem(base.timeout_s):
+            raise WorkloadError(not_joined)
     except WorkloadError as e:
         print(f"moebench.dispatch: error: {e}", file=sys.stderr)
         return 2
@@ -369,7 +376,8 @@ def main_sweep(args) -> int:
     except KeyboardInterrupt as e:
         raise Interrupted.after(e, f"{runner.ran} cases finished and kept in {out}; rerun the same command to "
                                    "resume") from None
-    print(f"# sweep {s.name}: ran {runner.ran}, skipped {runner.skipped} already in {out}")
+    print(f"# sweep {s.name}: ran {runner.ran}, skipped {runner.skipped} already in {out}"
+          + (f", refused {len(runner.refused)}" if runner.refused else ""))
     if runner.stop() and runner.n < total:
         print(f"# stopped after {runner.ran} cases (--max-cases); rerun the same command to resume")
     if args.knob_sweep:
@@ -380,4 +388,8 @@ def main_sweep(args) -> int:
         print("# CPU/gloo run: the times above are functional only, not performance figures")
     if runner.failed:
         print(f"# FAIL: {'; '.join(sorted(runner.failed))}", file=sys.stderr)
+    if runner.refused:
+        print(f"# REFUSED {len(runner.refused)} case(s), the first {runner.refused[0]}", file=sys.stderr)
+    if runner.refused and not runner.ran and not runner.skipped:
+        return 2                                        # no case of it can run here: bad input for this machine
     return 1 if runner.failed else 0

@@ -17,12 +17,13 @@ from pathlib import Path
 from .. import cli
 from ..core.megatron_map import CONTROL
 from ..records import provenance, reader, tables, writer
-from ..records.megatron import ARM_SCHEMA, arm_problem
+from ..records.megatron import ARM_SCHEMA
 from . import lm_arm, lm_log, lm_plan, lm_rank
 from .lm_args import LmError, dispatcher_diff, flag_value
-from .lm_verdict import VerdictInputError, judge
+from .lm_verdict import judge, vet
 
 GIB = 2 ** 30
+ARM_IDENTITY = ("validation", "dispatcher", "repeat", "order", "start_utc", "end_utc")    # one launch
 TABLE = ("#", "dispatcher", "rep", "ms/iter", "TFLOP/s", "lm loss 1st->last", "nan/skip", "reserved GiB",
          "device GiB", "ran on every rank", "status")
 
@@ -195,6 +196,9 @@ def cmd_arm(args) -> int:
 
 def cmd_compare(args) -> int:
     """Verdicts from the arm records of several launches (`megatron arm`), grouped by validation."""
+    twice = cli.repeated_input(args.files)
+    if twice:
+        raise LmError(twice)
     recs = []
     for path in args.files:
         recs += [{**r, "_file": path} for r in reader.read_objects(path, "moebench.megatron compare")
@@ -202,11 +206,12 @@ def cmd_compare(args) -> int:
     if not recs:
         raise LmError(f"no Megatron-LM arm records in {', '.join(args.files)} (write them with `megatron arm` or "
                       "`megatron validate`)")
+    vet(recs)
+    twice = repeated_arm(recs)
+    if twice:
+        raise LmError(twice)
     groups: dict[str, list[dict]] = {}
     for r in recs:
-        problem = arm_problem(r)
-        if problem:
-            raise LmError(f"{r['_file']}:{r['_line']}: {problem}")
         groups.setdefault(r["validation"], []).append(r)
     rc = 0
     for val, arms in groups.items():
@@ -215,13 +220,23 @@ def cmd_compare(args) -> int:
     return rc
 
 
+def repeated_arm(recs: list[dict]) -> str:
+    """'' or one line naming an arm record given twice (one validation, dispatcher, repeat, launch order and
+    start and end time: one launch), in two files or in one: it would count as two launches."""
+    seen: dict[str, dict] = {}
+    for r in recs:
+        first = seen.setdefault(json.dumps([r.get(k) for k in ARM_IDENTITY], default=str), r)
+        if first is not r:
+            return (f"{r['_file']}:{r['_line']}: the same arm record as {first['_file']}:{first['_line']} "
+                    f"({r['dispatcher']} repeat {r['repeat']}, launch {r['order']} of validation {r['validation']}): "
+                    "it would count twice")
+    return ""
+
+
 def report_only(arms: list[dict], args) -> int:
     from tabulate import tabulate
     print(tabulate([row(r) for r in arms], headers=TABLE, tablefmt="simple", disable_numparse=True))
-    try:
-        verdicts = judge(arms, args.min_gain, args.loss_rtol)
-    except VerdictInputError as e:
-        raise LmError(str(e)) from None
+    verdicts = judge(arms, args.min_gain, args.loss_rtol)
     for v in verdicts:
         print(verdict_line(v))
     if args.out and verdicts:

@@ -25,30 +25,32 @@ import random
 import statistics
 
 from ..core.megatron_map import CONTROL
-from ..records.megatron import VerdictRecord
+from ..records.megatron import VerdictRecord, arm_problem
 from ..records.provenance import utc_now
 from ..records.schema import env_difference
+from .lm_args import LmError
 
 FORCED_BALANCE = "--moe-router-force-load-balancing"
 
 
-class VerdictInputError(ValueError):
-    """An arm record a verdict cannot be built on (its file and line named)."""
+class VerdictInputError(LmError):
+    """An arm record a verdict cannot be built on (its file and line named): one line, exit 2."""
 
 
 def _where(rec: dict) -> str:
     return f"{rec.get('_file', '?')}:{rec.get('_line', '?')}"
 
 
+def vet(arms: list[dict]) -> None:
+    """VerdictInputError naming the first arm record a verdict cannot be built on (records.megatron.arm_problem)."""
+    bad = next(((a, p) for a in arms if (p := arm_problem(a))), None)
+    if bad:
+        raise VerdictInputError(f"{_where(bad[0])}: {bad[1]}")
+
+
 def samples(rec: dict) -> list[float]:
-    """The steady-window samples of a PASS arm; VerdictInputError when one is not finite and positive."""
-    s = (rec.get("steady") or {}).get("samples_ms")
-    if not isinstance(s, list) or not s:
-        raise VerdictInputError(f"{_where(rec)}: a PASS arm without steady-window samples")
-    for v in s:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise VerdictInputError(f"{_where(rec)}: steady-window sample {v!r} is not a finite positive time")
-    return [float(v) for v in s]
+    """The steady-window samples of a PASS arm (vetted)."""
+    return [float(v) for v in rec["steady"]["samples_ms"]]
 
 
 def ratio_interval(ctrl: list[list[float]], cand: list[list[float]], draws: int = 2000,
@@ -118,7 +120,9 @@ def memory_rows(ctrl: list[dict], cand: list[dict]) -> list[dict]:
 
 
 def judge(arms: list[dict], min_gain: float = 0.0, loss_rtol: float = 0.02) -> list[VerdictRecord]:
-    """One verdict per candidate dispatcher among the arm records of one validation."""
+    """One verdict per candidate dispatcher among the arm records of one validation; VerdictInputError for
+    an arm record of the wrong shape or with an impossible figure."""
+    vet(arms)
     ctrl = [a for a in arms if a.get("dispatcher") == CONTROL]
     cands: dict[str, list[dict]] = {}
     for a in arms:

@@ -24,7 +24,7 @@ TABLE = ("run", "dispatcher", "ran (class / manager)", "step ms", "TFLOP/s/GPU",
 
 def spec_of(args):
     from .train import TrainSpec
-    given = {k: getattr(args, k) for k in MODEL_OPTIONS if getattr(args, k) is not None}
+    given = {k: getattr(args, k) for k in MODEL_OPTIONS + ("window",) if getattr(args, k, None) is not None}
     spec = TrainSpec(steps=args.iters or TrainSpec.steps, seed=args.seed, num_sms=args.num_sms, **given)
     if spec.steps < 2:
         raise FlagsError(f"--iters must be >= 2 for the quick loop (first and last loss windows), got {spec.steps}")
@@ -57,7 +57,7 @@ def memory_problem(spec, device: str, world: int) -> str:
 def environment(args, dispatcher: str, num_experts: int) -> tuple[str, int]:
     """(device type, world) from the one placement rule (harness/placement.py); FlagsError (exit 2) when this
     machine cannot run it."""
-    from ..harness.launch import joined_env
+    from ..harness.launch import join_problem, joined_env
     from ..harness.placement import PlacementError, place, visible_gpus
     if not installed("megatron.core"):
         raise FlagsError("validate needs megatron-core (pip install megatron-core)")
@@ -81,6 +81,8 @@ def environment(args, dispatcher: str, num_experts: int) -> tuple[str, int]:
             raise FlagsError(f"--dispatcher {dispatcher} needs deep_ep installed (WAIVED here)")
     if num_experts % world:
         raise FlagsError(f"--num-experts {num_experts} is not divisible by EP {world}")
+    if joined and (why := join_problem(args.timeout)):       # the job's other ranks, before any work
+        raise FlagsError(why)
     return where.device, world
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from .. import cli
@@ -38,6 +39,26 @@ LOOP_MODEL = (("num_layers", cli.count(), ""), ("hidden", cli.count(), ""), ("he
               ("aux_loss_coeff", cli.number(0), "0 = no load-balancing loss"))
 
 
+MIN_GAIN = cli.number(0, high=1)          # a fraction of the control's time: 1 or more no candidate can save
+VERSION = re.compile(r"v?\d+\.\d+(\.\d+)*((a|b|rc|\.?post|\.?dev)\d*)*(\+[0-9A-Za-z.]+)?")   # as pip writes it
+
+
+def core_version(text: str) -> str:
+    """argparse type of --megatron-core-version: a version as pip writes it (0.19.2, 0.16.0rc1, v0.19)."""
+    if not VERSION.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(f"must be a megatron-core version such as 0.16.1 or 0.19.2, got {text!r}")
+    return text.strip()
+
+
+def fit_window(args, iters: int, window: int | None) -> None:
+    """args.iters and args.window, their defaults filled in (window None: the quick loop's own, train.py), and
+    LmError before any work when the steady window (the last N iterations) leaves none to warm up."""
+    args.iters = args.iters or iters
+    args.window = window if args.window is None else args.window
+    if args.window is not None and args.window >= args.iters:
+        raise LmError(f"--window {args.window} must be below --iters {args.iters} (the first iterations warm up)")
+
+
 def dispatcher_list(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",")]
     bad = [n for n in names if n not in BACKENDS]
@@ -55,13 +76,14 @@ def _flags_parser(sub) -> None:
     src.add_argument("--results", help="moebench.dispatch JSONL file")
     src.add_argument("--backend", help=" | ".join(BACKENDS) + " (mcore-* accepted)")
     f.add_argument("--num-sms", type=cli.count(), help="SMs for deepep/hybridep (default: from the winning record)")
-    f.add_argument("--megatron-core-version", help="target megatron-core (default: the installed one)")
+    f.add_argument("--megatron-core-version", type=core_version,
+                   help="target megatron-core (default: the installed one)")
     f.add_argument("--overlap", action="store_true", help="also emit EP comm/compute overlap settings")
     f.add_argument("--ep", type=cli.count(), help="EP of the training run (--backend mode; gates flex and --overlap)")
     f.add_argument("--tp", type=cli.count(), default=1, help="TP of the training run (--backend mode, default 1)")
     f.add_argument("--ranks-per-nvlink-domain", type=cli.count(),
                    help="GPUs per NVLink domain for HybridEP's env (--backend mode)")
-    f.add_argument("--min-gain", type=cli.number(0), default=0.0,
+    f.add_argument("--min-gain", type=MIN_GAIN, default=0.0,
                    help="also require the gain to exceed this fraction of alltoall's time (default 0)")
     f.add_argument("--view", choices=SAMPLED_VIEWS, default="api",
                    help="timing view of the A/B (default api: what a training step pays without CUDA graphs; graph "
@@ -81,7 +103,8 @@ def _lm_options(p, arm: bool = False) -> None:
     p.add_argument("--iters", "--steps", dest="iters", type=cli.count(2),
                    help="training iterations per launch (default 30 with Megatron-LM, 50 for the quick loop; "
                         ">= 50 for a final run)")
-    p.add_argument("--window", type=cli.count(), default=10, help="steady window: the last N iterations (default 10)")
+    p.add_argument("--window", type=cli.count(), help="steady window: the last N iterations (default 10; the quick "
+                   "loop: 10 or half the iterations, whichever is fewer)")
     p.add_argument("--seed", type=cli.seed, default=1234, help="Megatron's --seed, the same for every arm")
     p.add_argument("--ep", type=cli.count(), help="EP (default: every rank)")
     p.add_argument("--ranks-per-gpu", type=cli.count(), default=1, metavar="N",
@@ -107,7 +130,7 @@ def _validate_parser(sub) -> None:
     src.add_argument("--results", help="moebench.dispatch JSONL: the candidate is the winner of its A/B")
     _lm_options(v)
     v.add_argument("--repeats", type=cli.count(), default=2, help="launches per arm, interleaved (default 2: A B A B)")
-    v.add_argument("--min-gain", type=cli.number(0, high=1), default=0.0,
+    v.add_argument("--min-gain", type=MIN_GAIN, default=0.0,
                    help="SWITCH only when the candidate saves more than this fraction per iteration (default 0)")
     v.add_argument("--loss-rtol", type=cli.number(0, strict=True), default=0.02,
                    help="the candidate's lm loss must match the control's at every iteration within this relative "
@@ -130,7 +153,7 @@ def parser() -> argparse.ArgumentParser:
     _lm_options(a, arm=True)
     c = sub.add_parser("compare", help="the verdict from arm records (megatron arm / validate)")
     c.add_argument("files", nargs="+", help="JSONL files holding moebench.megatron.arm records")
-    c.add_argument("--min-gain", type=cli.number(0, high=1), default=0.0, help="as for validate")
+    c.add_argument("--min-gain", type=MIN_GAIN, default=0.0, help="as for validate")
     c.add_argument("--loss-rtol", type=cli.number(0, strict=True), default=0.02, help="as for validate")
     c.add_argument("--out", help="append the verdict records here")
     return p
@@ -191,6 +214,8 @@ def cmd_validate(args, argv) -> int:
         from .loop import cmd_quick
         if args.results or len(args.dispatcher) != 1:
             raise F.FlagsError("the quick loop takes one --dispatcher (Megatron-LM validates several: --megatron-lm PATH)")
+        from .train import TrainSpec
+        fit_window(args, TrainSpec.steps, None)
         return cmd_quick(args, argv, args.dispatcher[0])
     given = [n for n, _, _ in LOOP_MODEL if getattr(args, n) is not None]
     if given:
@@ -200,9 +225,8 @@ def cmd_validate(args, argv) -> int:
         raise F.FlagsError("validate launches its own ranks, one torchrun per arm: under torchrun or srun run "
                            "`megatron arm` once per arm, then `megatron compare` on their records")
     from .lm_tool import cmd_validate as lm_validate
-    args.megatron_lm, args.iters = found, args.iters or 30
-    if args.window >= args.iters:
-        raise F.FlagsError(f"--window {args.window} must be below --iters {args.iters} (the first iterations warm up)")
+    args.megatron_lm = found
+    fit_window(args, 30, 10)
     return lm_validate(args, cands)
 
 
@@ -227,9 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             args.dispatcher, args.megatron_lm = args.dispatcher[0], lm_plan.find_checkout(args.megatron_lm)
             if not args.megatron_lm:
                 raise LmError("no Megatron-LM checkout: --megatron-lm PATH (or $MEGATRON_LM)")
-            args.iters = args.iters or 30
-            if args.window >= args.iters:
-                raise LmError(f"--window {args.window} must be below --iters {args.iters}")
+            fit_window(args, 30, 10)
             return lm_tool.cmd_arm(args)
         return lm_tool.cmd_compare(args)
     except (F.FlagsError, LmError, RecordError) as e:

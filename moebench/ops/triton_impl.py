@@ -84,7 +84,10 @@ def knobs(variant: str = "") -> Knobs:
 
 @functools.lru_cache(maxsize=64)
 def _parse_knobs(variant: str) -> Knobs:
-    vals = [int(v) for v in variant.split(":")]
+    try:
+        vals = [int(v) for v in variant.split(":")]
+    except ValueError:
+        raise ValueError(f"triton@{variant}: want integers separated by colons ({':'.join(Knobs._fields)})") from None
     if len(vals) > len(Knobs._fields):
         raise ValueError(f"triton@{variant}: at most {len(Knobs._fields)} values ({':'.join(Knobs._fields)})")
     k = DEFAULT_KNOBS._replace(**dict(zip(Knobs._fields, vals)))

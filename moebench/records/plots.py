@@ -84,7 +84,8 @@ def plot_overlap(records: list[dict], path: str) -> None:
              + (" - FUNCTIONAL ONLY, not performance figures" if functional else ""))
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    FigureCanvasAgg(fig).print_png(path)
+    FigureCanvasAgg(fig)
+    save(fig, path, 110)
 
 
 def _series(recs: list[dict], metric: str) -> dict[str, tuple[list, list]]:
@@ -145,9 +146,14 @@ def plot_bandwidth(records: list[dict], path: str | None = None, metric: str = "
         _panel(fig.add_subplot(rows, cols, i + 1), key, panels[key], metric)
     fig.tight_layout()
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
+        save(fig, path, 110)
     return fig
+
+
+def save(fig, path: str, dpi: int) -> None:
+    """A figure to PNG, its folder made as --out makes its own."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
 
 
 def _panel(ax, key, recs: list[dict], metric: str) -> None:
@@ -201,5 +207,5 @@ def plot_permute(recs, copy_GBps, path):
     ax.set_title(f"moebench permute/unpermute, {permute_device(timed)}")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path, 120)
     return fig

@@ -111,7 +111,7 @@ def test_ranks_die_with_a_sigkilled_parent(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_ends_a_run_with_one_line_and_no_orphans(tmp_path):
-    p = subprocess.Popen([sys.executable, "-u", "-m", "moebench.dispatch", *SMALL[:-2], "--iters", "1000000",
+    p = subprocess.Popen([sys.executable, "-u", "-m", "moebench.dispatch", *SMALL[:-2], "--iters", "100000",
                           "--hidden", "64", "--backend", "alltoall", "--out", str(tmp_path / "r.jsonl")],
                          env=fake_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     kids = wait_for(lambda: (lambda k: k if len(k) >= 2 else None)(children_of(p.pid)), 60)

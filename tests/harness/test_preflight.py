@@ -58,10 +58,11 @@ def test_sweep_skips_a_case_that_does_not_fit_with_the_estimate(tmp_path, capsys
     sw.write_text("num_experts = 8\ntopk = 2\nhidden = 64\nnum_tokens = [16, 4096]\n")
     rc = dispatch.main(["--sweep", str(sw), "--device", "cpu", "--ep", "2", "--backend", "alltoall", "--iters", "1",
                         "--out", str(tmp_path / "r.jsonl")])
-    out = capsys.readouterr().out
-    assert rc == 0, out
-    assert "T=4096" in out and "skipped: alltoall on EP 2 needs ~" in out and "estimate" in out
-    assert "ran 1, skipped 0" in out
+    out, err = capsys.readouterr()
+    assert rc == 0, out                                # what fits ran; the case that does not is named
+    assert "T=4096" in out and "refused: alltoall on EP 2 needs ~" in out and "estimate" in out
+    assert "ran 1, skipped 0 already in" in out and out.rstrip().splitlines()[-2].endswith("refused 1")
+    assert err.startswith("# REFUSED 1 case(s), the first s T=4096")
 
 
 def test_estimate_grows_with_the_shape_and_counts_every_rank():

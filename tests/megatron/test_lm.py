@@ -78,8 +78,8 @@ def arm(disp, ms, repeat=0, status="PASS", loss=None, env=None, functional=False
     its = [{"iteration": i, "elapsed_ms": ms, "lm_loss": (loss or 10.0) - 0.1 * i} for i in range(1, n + 1)]
     samples = [ms * (1 + 0.002 * ((i * 7) % 5 - 2)) for i in range(n)]
     return {"schema": "moebench.megatron.arm/1", "validation": "v1", "dispatcher": disp, "repeat": repeat,
-            "role": "control" if disp == "alltoall" else "candidate", "status": status, "errors": [],
-            "iterations": its, "steady": {"samples_ms": samples}, "env": env or ENV, "functional": functional,
+            "order": repeat, "role": "control" if disp == "alltoall" else "candidate", "status": status, "errors": [],
+            "iterations": its, "steady": {"samples_ms": samples, "mean_ms": ms}, "env": env or ENV, "functional": functional,
             "megatron_argv": list(argv), "window": n, "memory": {"ranks": mem or []}}
 
 
@@ -125,11 +125,11 @@ def test_verdict_labels_functional_and_forced_balance_and_memory_deltas():
     assert v.functional and v.memory[0]["delta_max_reserved_bytes"] == -100 and v.memory[0]["delta_device_used_bytes"] == -200
 
 
-@pytest.mark.parametrize("bad", [float("nan"), 0.0, -5.0, "12"])
+@pytest.mark.parametrize("bad", [float("nan"), 0.0, -5.0, "12", 1e-300, 1e300])
 def test_verdict_refuses_impossible_samples_with_file_and_line(bad):
     a = arm("alltoall", 185)
     a["steady"]["samples_ms"][3] = bad
-    with pytest.raises(lm_verdict.VerdictInputError, match=r"runs.jsonl:7: steady-window sample"):
+    with pytest.raises(lm_verdict.VerdictInputError, match=r"runs.jsonl:7: steady\.samples_ms\[3\] is "):
         lm_verdict.judge([{**a, "_file": "runs.jsonl", "_line": 7}, arm("deepep", 150)])
 
 
@@ -356,3 +356,157 @@ def test_compare_refuses_a_malformed_arm_record_with_file_and_line(tmp_path):
     assert megatron.main(["compare", str(f)]) == 2
     f.write_text(json.dumps({"schema": "moebench.result/1"}) + "\n")
     assert megatron.main(["compare", str(f)]) == 2
+
+
+# ---------------------------------------------------------------- compare: what it refuses, before any verdict
+def full_arm(disp, ms, repeat):
+    """An arm record with every part the table and the verdict read (evidence, Megatron's memory reports)."""
+    cls = "MoEAlltoAllTokenDispatcher" if disp == "alltoall" else "MoEFlexTokenDispatcher"
+    return {**arm(disp, ms, repeat, mem=[{"rank": 0, "max_reserved_bytes": 2**30, "process_bytes": 2**30}]),
+            "memory": {"megatron": [{"rank": 0, "after_iterations": 1, "max_reserved_MB": 1024.0}],
+                       "ranks": [{"rank": 0, "max_reserved_bytes": 2**30, "process_bytes": 2**30}]},
+            "evidence": [{"rank": 0, "dispatchers": [{"class": cls, "manager": None, "calls": 10}]}]}
+
+
+def good_arms():
+    """Lines 1-4: control, candidate (deepep, 20% faster), control, candidate: SWITCH when nothing is wrong."""
+    return [full_arm(d, ms, r) for r in (0, 1) for d, ms in (("alltoall", 100.0), ("deepep", 80.0))]
+
+
+def _each_loss(value):
+    return lambda r: [i.update(lm_loss=value) for i in r["iterations"]]
+
+
+NAN, INF, ALL = float("nan"), float("inf"), (1, 2, 3, 4)
+MALFORMED = [       # (id, the lines changed, the change, the line named, what the refusal says)
+    ("no-order", (2,), lambda r: r.pop("order"), 2, "order is missing"),
+    ("steady-without-mean", (2,), lambda r: r["steady"].pop("mean_ms"), 2, "steady.mean_ms is missing"),
+    ("fail-errors-ints", (2,), lambda r: r.update(status="FAIL", errors=[1, 2]), 2, "errors[0] is 1, not a string"),
+    ("iterations-strings", (2,), lambda r: r.update(iterations=["x"]), 2, "iterations[0] is 'x', not an object"),
+    ("iterations-ints", (2,), lambda r: r.update(iterations=[1, 2, 3]), 2, "iterations[0] is 1, not an object"),
+    ("iteration-without-number", (2,), lambda r: r["iterations"][0].pop("iteration"), 2,
+     "iterations[0].iteration is missing"),
+    ("loss-text", (2,), lambda r: r["iterations"][0].update(lm_loss="high"), 2,
+     "iterations[0].lm_loss is 'high', not a number"),
+    ("megatron-memory-nan", (2,), lambda r: r["memory"]["megatron"][0].update(max_reserved_MB=NAN), 2,
+     "memory.megatron[0].max_reserved_MB is NaN"),
+    ("megatron-memory-inf", (2,), lambda r: r["memory"]["megatron"][0].update(max_reserved_MB=INF), 2,
+     "memory.megatron[0].max_reserved_MB is Infinity"),
+    ("argv-int", (2,), lambda r: r.update(megatron_argv=5), 2, "megatron_argv is 5, not a list of strings"),
+    ("evidence-text", (2,), lambda r: r.update(evidence="x"), 2, "evidence is 'x', not a list"),
+    ("evidence-lists", (2,), lambda r: r.update(evidence=[[1]]), 2, "evidence[0] is a JSON list, not an object"),
+    ("evidence-no-manager", (2,), lambda r: r["evidence"][0]["dispatchers"][0].pop("manager"), 2,
+     "evidence[0].dispatchers[0].manager is missing"),
+    ("memory-rank-list", (2,), lambda r: r["memory"]["ranks"][0].update(rank=[0]), 2,
+     "memory.ranks[0].rank is a JSON list"),
+    ("memory-rank-text", (2,), lambda r: r["memory"]["ranks"][0].update(rank="zero"), 2,
+     "memory.ranks[0].rank is 'zero'"),
+    # impossible figures, each of which made a verdict
+    ("loss-nan-everywhere", ALL, _each_loss(NAN), 1, "iterations[0].lm_loss is NaN: not a finite number > 0"),
+    ("loss-inf-in-control", (1,), lambda r: r["iterations"][4].update(lm_loss=INF), 1,
+     "iterations[4].lm_loss is Infinity"),
+    ("loss-zero-everywhere", ALL, _each_loss(0.0), 1, "iterations[0].lm_loss is 0.0: not a finite number > 0"),
+    ("loss-negative-everywhere", ALL, _each_loss(-1.0), 1, "iterations[0].lm_loss is -1.0"),
+    ("samples-tiny", (2, 4), lambda r: r["steady"].update(samples_ms=[1e-300] * 10), 2,
+     "steady.samples_ms[0] is 1e-300"),
+    ("samples-huge", (2, 4), lambda r: r["steady"].update(samples_ms=[1e300] * 10), 2,
+     "steady.samples_ms[0] is 1e+300"),
+]
+ON_THE_COMMAND_LINE = ("no-order", "steady-without-mean", "fail-errors-ints", "iterations-ints", "loss-text",
+                       "megatron-memory-nan", "argv-int", "evidence-lists", "memory-rank-list", "loss-nan-everywhere",
+                       "samples-tiny", "samples-huge", "loss-zero-everywhere")
+
+
+def arms_file(tmp_path, lines=(), change=None, name="arms.jsonl"):
+    recs = good_arms()
+    for n in lines:
+        change(recs[n - 1])
+    f = tmp_path / name
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return f
+
+
+@pytest.mark.parametrize("lines, change, line, says", [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED])
+def test_compare_refuses_each_field_the_table_and_the_verdict_read(lines, change, line, says, tmp_path, capsys):
+    f = arms_file(tmp_path, lines, change)
+    assert megatron.main(["compare", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"moebench.megatron compare: error: {f}:{line}: ") and says in err
+    assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("lines, change, line, says", [m[1:] for m in MALFORMED if m[0] in ON_THE_COMMAND_LINE],
+                         ids=[m[0] for m in MALFORMED if m[0] in ON_THE_COMMAND_LINE])
+def test_compare_cli_refuses_a_malformed_or_impossible_arm_with_file_and_line(lines, change, line, says, tmp_path):
+    f = arms_file(tmp_path, lines, change)
+    p = run_cli(["compare", str(f)], tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stdout == "", p.stderr
+    assert p.stderr.startswith(f"moebench.megatron compare: error: {f}:{line}: ") and says in p.stderr
+    assert len(p.stderr.splitlines()) == 1
+
+
+def test_compare_gives_the_verdict_of_good_arms_and_fails_a_failed_arm_whatever_its_times(tmp_path, capsys):
+    assert megatron.main(["compare", str(arms_file(tmp_path))]) == 0
+    assert "deepep vs alltoall: SWITCH" in capsys.readouterr().out
+
+    def failed(r):          # a FAIL arm's times are printed, not judged: a zero time is why it failed
+        r.update(status="FAIL", errors=["elapsed time per iteration not a finite positive number"])
+        r["steady"].update(mean_ms=0.0, samples_ms=[0.0])
+    assert megatron.main(["compare", str(arms_file(tmp_path, (2,), failed))]) == 1
+    assert "deepep vs alltoall: FAIL - deepep repeat 0 FAILED: elapsed time" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("second", ["same", "other-spelling"])
+def test_compare_refuses_a_file_given_twice(second, tmp_path):
+    f = arms_file(tmp_path)
+    (tmp_path / "sub").mkdir()
+    again = str(f) if second == "same" else str(tmp_path / "sub" / ".." / f.name)
+    p = run_cli(["compare", str(f), again], tmp_path)
+    assert p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1, p.stderr
+    assert p.stderr.startswith(f"moebench.megatron compare: error: {again}") and "given twice" in p.stderr
+
+
+def test_compare_refuses_the_same_arm_records_in_two_files(tmp_path):
+    f, copy = arms_file(tmp_path), arms_file(tmp_path, name="copy.jsonl")
+    p = run_cli(["compare", str(f), str(copy)], tmp_path)
+    assert p.returncode == 2 and p.stdout == "", p.stderr
+    assert p.stderr == (f"moebench.megatron compare: error: {copy}:1: the same arm record as {f}:1 (alltoall repeat 0, "
+                        "launch 0 of validation v1): it would count twice\n")
+
+    # the same schedule launched again later: other launches, not copies
+    later = arms_file(tmp_path, ALL, lambda r: r.update(start_utc="2025-01-02T00:00:00Z"), name="later.jsonl")
+    assert megatron.main(["compare", str(f), str(later)]) == 0
+
+
+# ---------------------------------------------------------------- flags and validate: refused before any work
+@pytest.mark.parametrize("version", ["", " ", "0.19garbage"])
+def test_flags_cli_refuses_an_empty_or_malformed_core_version(version, tmp_path):
+    p = run_cli(["flags", "--backend", "deepep", "--megatron-core-version", version], tmp_path)
+    assert p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1, p.stdout + p.stderr
+    assert p.stderr.startswith("moebench.megatron flags: error: --megatron-core-version must be a megatron-core "
+                               f"version such as 0.16.1 or 0.19.2, got {version!r}")
+
+
+@pytest.mark.parametrize("version", ["0.19.2", "v0.16", "0.16.0rc1", "0.15.0.dev0", "0.19.0+local"])
+def test_flags_takes_versions_as_pip_writes_them(version, capsys):
+    assert megatron.main(["flags", "--backend", "deepep", "--megatron-core-version", version]) == 0
+    assert "--moe-flex-dispatcher-backend deepep" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cmd", [["flags", "--backend", "deepep", "--megatron-core-version", "0.19.2"],
+                                 ["compare", "arms.jsonl"]], ids=["flags", "compare"])
+@pytest.mark.parametrize("gain", ["1", "2"])
+def test_min_gain_of_one_or_more_is_refused_alike(cmd, gain, tmp_path):
+    p = run_cli([*cmd, "--min-gain", gain], tmp_path)
+    assert p.returncode == 2 and p.stdout == "", p.stdout + p.stderr
+    assert p.stderr == f"moebench.megatron {cmd[0]}: error: --min-gain must be a finite number >= 0 and < 1, got {gain}\n"
+
+
+def test_quick_validate_refuses_a_window_not_below_iters_before_any_work(tmp_path):
+    out = tmp_path / "v.jsonl"
+    p = run_cli(["validate", "--device", "cpu", "--quick", "--dispatcher", "alltoall", "--iters", "5", "--window", "10",
+                 "--out", str(out)], tmp_path)
+    assert p.returncode == 2 and p.stdout == "", p.stdout + p.stderr
+    assert p.stderr == ("moebench.megatron validate: error: --window 10 must be below --iters 5 (the first iterations "
+                        "warm up)\n")
+    assert not out.exists()

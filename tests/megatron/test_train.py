@@ -180,3 +180,13 @@ def test_flex_setup_fails_a_deepep_build_megatron_cannot_size(monkeypatch):
     with pytest.raises(RuntimeError, match="without NVSHMEM"):
         train.flex_setup("deepep", 2, 1024, ranks_per_gpu=2)
     assert train.flex_setup("alltoall", 2, 1024, ranks_per_gpu=2) == []
+
+
+def test_the_quick_loop_takes_the_window_it_is_given():
+    """--window reached the Megatron-LM path only; the quick loop always picked its own."""
+    from argparse import Namespace
+
+    from moebench.megatron.loop import MODEL_OPTIONS, spec_of
+    base = dict.fromkeys(MODEL_OPTIONS) | {"iters": 10, "seed": 1, "num_sms": None}
+    assert spec_of(Namespace(**base, window=3)).steady_window == 3
+    assert spec_of(Namespace(**base, window=None)).steady_window == 5          # its own: half of 10 steps

@@ -179,7 +179,7 @@ def test_sizes_past_memory_in_the_other_tools(capsys):
     if installed("megatron.core"):                   # the quick loop's model, counted before its ranks start
         refused_here(megatron.main(["validate", "--dispatcher", "alltoall", "--device", "cpu", "--hidden", "1048576",
                                     "--heads", "1", "--out", os.devnull]), capsys, "quick loop's model", "--hidden")
-    refused(*tools(["moebench.plan", "--ep", "8", "--num-experts", HUGE]), "routing scores", "--num-experts")
+    refused(*tools(["moebench.plan", "--ep", "8", "--num-experts", HUGE]), "--num-experts must be at most 65536")
 
 
 # ---------------------------------------------------------------- interrupts
@@ -244,8 +244,18 @@ def test_nonsense_is_refused_naming_the_problem(tmp_path, capsys, monkeypatch):
              (lambda: dispatch.main([*d, "--routing", f"trace:{fifo}"]), ("found a FIFO",)),
              (lambda: dispatch.main(["--sweep", str(fifo), "--device", "cpu", "--out", out]), ("FIFO",)),
              (lambda: permute.main(["--ops-impl", "torch,torch"]), ("names torch twice",)),
-             (lambda: permute.main(["--ops-impl", ""]), ("--ops-impl", "names nothing")),
-             (lambda: permute.main(["--ops-impl", "torch", "--ops", ","]), ("--ops", "names nothing")),
+             (lambda: permute.main(["--ops-impl", ""]), ("--ops-impl names no implementation",)),
+             (lambda: permute.main(["--ops-impl", "torch", "--ops", ","]), ("--ops names no op",)),
+             (lambda: permute.main(["--ops-impl", "torch,"]), ("--ops-impl 'torch,' has an empty implementation",)),
+             (lambda: permute.main(["--ops-impl", "torch", "--shapes", "16x32x2x4,16x32x2x4"]),
+              ("--shapes names 16x32x2x4 twice",)),
+             (lambda: permute.main(["--ops-impl", "triton@garbage"]), ("triton@garbage", "integers separated by colons")),
+             (lambda: permute.main(["--ops-impl", "torch", "--iters", HUGE]), ("--iters must be at most 100000",)),
+             (lambda: dispatch.main([*d, "--views", "api,,graph"]), ("'api,,graph' has an empty view",)),
+             (lambda: dispatch.main([*TINY, "--backend", "all,alltoall", "--out", out]), ("all names every backend",)),
+             (lambda: dispatch.main([*d, "--iters", HUGE]), ("--iters must be at most 100000",)),
+             (lambda: dispatch.main([*d, "--soak", HUGE]), ("--soak must be at most 1000000",)),
+             (lambda: check.main(["-t", "baseline", "--results", str(fifo)]), ("--results needs --baseline",)),
              (lambda: permute.main(["--ops-impl", "torch", "--shapes", ""]), ("--shapes",)),
              (lambda: check.main(["-p", ""]), ("-p is empty",)),
              (lambda: megatron.main(["validate", "--dispatcher", "deepep,deepep"]), ("names deepep twice",)),
@@ -260,3 +270,66 @@ def test_nonsense_is_refused_naming_the_problem(tmp_path, capsys, monkeypatch):
                               timeout=60)
     refused(unknown, "unknown tool 'bogus'", "dispatch, permute, check")
     refused(baseline, "--baseline", "FIFO")                              # it hung reading the FIFO
+
+
+# ---------------------------------------------------------------- the second held-out pass (issue 35)
+def test_a_rank_of_a_job_whose_other_ranks_never_start_is_one_line_bounded_and_stops_on_ctrl_c(tmp_path):
+    """torchrun's variables, whole, in a shell with no other rank: the rendezvous waited in C++ for ever,
+    deaf to Ctrl-C and SIGTERM; now it says what it waits for, gives up after --timeout, and stops on a signal."""
+    job = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    d = ["moebench.dispatch", *TINY, "--backend", "alltoall", "--out", str(tmp_path / "r.jsonl")]
+    alone, = tools((d + ["--timeout", "2"], {**job, "MASTER_PORT": str(free_port())}), timeout=60)
+    refused(alone, "only 1 of 2 ranks joined at 127.0.0.1:", "within 2 s (--timeout)", "unset RANK")
+    p = subprocess.Popen([sys.executable, "-m", *d], env=env(**job, MASTER_PORT=str(free_port())), cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        time.sleep(9)                                       # past start-up and the join's first words (5 s in)
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert "waiting for the job's other ranks" in err and "interrupted by SIGINT" in err.splitlines()[-1], err
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_a_whole_job_of_two_ranks_started_apart_joins_and_runs(tmp_path):
+    out, port = tmp_path / "r.jsonl", str(free_port())
+    d = ["moebench.dispatch", *TINY, "--backend", "alltoall", "--out", str(out)]
+    job = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    later = subprocess.Popen([sys.executable, "-m", *d], env=env(**job, RANK="1", LOCAL_RANK="1"), cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)                                        # rank 1 first: it waits for rank 0's store
+        lead, = tools((d, {**job, "RANK": "0", "LOCAL_RANK": "0"}), timeout=120)
+        _, err1 = later.communicate(timeout=60)
+    finally:
+        if later.poll() is None:
+            later.kill()
+    assert lead.returncode == 0 and later.returncode == 0, (lead.stderr[-2000:], err1[-2000:])
+    assert err1 == "" and "Traceback" not in lead.stderr          # rank 1 is quiet: no C++ connect traces
+    assert [json.loads(line)["check"]["status"] for line in out.read_text().splitlines()] == ["PASS", "PASS"]
+
+
+def test_second_pass_inputs_across_the_tools(tmp_path):
+    """A sweep none of whose cases fits, the same input twice for a verdict, a plot into a folder not made yet."""
+    huge = tmp_path / "huge.toml"
+    huge.write_text("hidden = 100000000\nnum_experts = 8\ntopk = 2\nnum_tokens = [100000000]\n")
+    bad_dtype = tmp_path / "dtype.toml"
+    bad_dtype.write_text('hidden = 64\nnum_experts = 8\ntopk = 2\nnum_tokens = [8]\ndtype = ["int3"]\n')
+    rows = tmp_path / "r.jsonl"
+    sweep = ["moebench.dispatch", "--device", "cpu", "--ep", "2", "--iters", "1", "--backend", "alltoall"]
+    plot = tmp_path / "not" / "yet" / "p.png"
+    none_fit, dtype, same_backend, same_file, twice, plotted = tools(
+        [*sweep, "--sweep", str(huge), "--out", str(rows)], [*sweep, "--sweep", str(bad_dtype), "--out", str(rows)],
+        ["moebench.report", "--compare", "alltoall", "alltoall", str(rows)],
+        ["moebench.report", "--compare", str(rows), str(tmp_path / ".." / tmp_path.name / "r.jsonl")],
+        ["moebench.report", str(rows), str(rows)], [*PERMUTE, "--plot", str(plot)])
+    assert none_fit.returncode == 2 and "refused 1" in none_fit.stdout, none_fit.stdout[-2000:]
+    assert none_fit.stderr.strip().startswith("# REFUSED 1 case(s)") and "GiB" in none_fit.stderr
+    refused(dtype, "sweep dtype: dtype must be one of bf16, fp8, got 'int3'")
+    refused(same_backend, "the same backend on both sides")
+    refused(same_file, "(the same file as", "is given twice")
+    refused(twice, "is given twice: its records would count twice")
+    assert plotted.returncode == 0 and plot.is_file(), plotted.stderr[-2000:]
