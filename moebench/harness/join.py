@@ -46,9 +46,10 @@ def _connect(addr: str, port: int, world: int, host: bool) -> dist.Store | None:
     try:
         return dist.TCPStore(addr, port, world, host, timeout=datetime.timedelta(seconds=STEP_S),
                              wait_for_workers=False)
-    except (RuntimeError, OSError):        # DistNetworkError / DistStoreError: no store there yet
-        if host:
-            raise
+    except (RuntimeError, OSError) as e:   # DistNetworkError / DistStoreError: no store there yet
+        if host:                           # the port taken since launcher.problem() found it free
+            raise JoinError(f"rank 0 cannot listen on MASTER_PORT={port} ({str(e).splitlines()[0][:200]}): "
+                            "export a free port as MASTER_PORT on every rank") from None
         return None
 
 

@@ -3,6 +3,7 @@ backends that cannot take a shape."""
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -124,3 +125,19 @@ def test_sigterm_ends_a_run_with_one_line_and_no_orphans(tmp_path):
     assert err.strip().splitlines() == [f"moebench.dispatch: interrupted by SIGTERM; 0 records of no backend kept in "
                                         f"{tmp_path / 'r.jsonl'}; not run: alltoall"], err
     assert wait_for(lambda: not any(alive(k) for k in kids), 20)
+
+
+def test_a_job_whose_port_is_taken_is_one_line_not_a_traceback(monkeypatch):
+    """The port checked free by launcher.problem() and taken before rank 0 listens: JoinError, said once."""
+    from moebench.harness import join
+    monkeypatch.setattr(join, "_store", None)
+    monkeypatch.setattr(join, "_failed", "")
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(busy.getsockname()[1]))
+        why = join.join(0, 2, 5.0)
+    assert why.startswith("rank 0 cannot listen on MASTER_PORT=") and "free port" in why
+    with pytest.raises(join.JoinError, match="cannot listen"):       # later groups fail at once, not again
+        join.group_store(0, 2, 5.0)
