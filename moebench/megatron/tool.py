@@ -60,13 +60,12 @@ def fit_window(args, iters: int, window: int | None) -> None:
 
 
 def dispatcher_list(text: str) -> list[str]:
-    names = [t.strip() for t in text.split(",")]
-    bad = [n for n in names if n not in BACKENDS]
-    if bad or not all(names):
+    try:
+        names = cli.comma_list(text, "", "dispatcher")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if any(n not in BACKENDS for n in names):
         raise argparse.ArgumentTypeError(f"must be a list of {', '.join(BACKENDS)}, got {text!r}")
-    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
-    if twice:
-        raise argparse.ArgumentTypeError(f"names {twice} twice")
     return names
 
 
