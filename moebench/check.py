@@ -42,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
     add_shape_args(p, tokens_help="round-trip tokens per rank")
     p.add_argument("--ll-num-tokens", type=cli.count(), default=128, help="round-trip tokens per rank for deepep-ll")
     p.add_argument("--iters", type=cli.count(high=cli.MAX_ITERS), default=10, help="timed iterations of the round trips")
-    p.add_argument("--soak", type=cli.count(0), default=0, metavar="N",
+    p.add_argument("--soak", type=cli.count(0, cli.MAX_CALLS), default=0, metavar="N",
                    help="after each round trip, N more calls on fresh routing (and N graph replays), each checked "
                         "against the oracle: a build that corrupts a few percent of calls FAILs (default 0: off)")
     p.add_argument("--timeout", type=cli.seconds, default=300.0, help="seconds per contained probe")

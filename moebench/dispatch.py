@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     done: list[str] = []
     written = [0]
 
-    def finished(name: str, recs: list[dict]) -> None:     # each backend's records on disk as it ends
-        writer.write_jsonl(args.out, recs)
+    def finished(name: str, recs: list[dict]) -> None:     # each backend's records on disk as it ends (rank 0's)
+        if joined is None or joined[0] == 0:
+            writer.write_jsonl(args.out, recs)
         if name not in done:
             done.append(name)
         written[0] += len(recs)
@@ -66,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         records = run_case(run, list(sys.argv[1:] if argv is None else argv), progress=say, sink=finished)
     except KeyboardInterrupt as e:
         left = [b for b in run.backends if b not in done]
+        cut = (f"not run: {', '.join(left)}" if left else      # every backend's timed records are in: its soak
+               f"the soak of {done[-1]} cut short" if run.soak else "every backend finished")
         raise cli.Interrupted.after(e, f"{written[0]} records of {', '.join(done) or 'no backend'} kept in "
-                                       f"{args.out}; not run: {', '.join(left)}") from None
+                                       f"{args.out}; {cut}") from None
     if joined is not None and joined[0] != 0:
         return 0
     print(tables.format_table(records, run.table_views(args.wide), args.wide))

@@ -38,6 +38,7 @@ IMPLS = ("torch", "triton", "cuda", "megatron", "te")
 # permute: the row count passed in (num_out_rows), as Megatron's baseline is called
 # (num_out_tokens); permute_wait: the count worked out on the device, the host waits for it.
 OPS = ("permute", "permute_wait", "unpermute")
+VARIANTS = ("cuda", "triton")          # the impls that take @variant
 
 
 class UsageError(ValueError):
@@ -53,6 +54,8 @@ def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
         T, H, K, E = map(int, parts)
         if K > E:
             raise UsageError(f"--shapes: {item!r} has top-k {K} > experts {E}")
+        if (T, H, K, E) in shapes:
+            raise UsageError(f"--shapes names {T}x{H}x{K}x{E} twice")
         shapes.append((T, H, K, E))
     return shapes
 
@@ -110,7 +113,9 @@ def memory_problem(w: Workload, device: torch.device) -> str:
 def variant_problem(a) -> str:
     """The first variant named in --ops-impl that is malformed, with why, on any machine ('' when none is)."""
     for spec in a.impl_list:
-        name, _, variant = spec.partition("@")
+        name, at, variant = spec.partition("@")
+        if at and name not in VARIANTS:
+            return f"--ops-impl {spec}: {name} has no variants ({' and '.join(f'{v}@...' for v in VARIANTS)} have)"
         try:
             if variant:
                 ops.check_variant(name, variant)

@@ -131,9 +131,16 @@ def problem(env: dict | None = None) -> str:
         j = joined(e)
     except LaunchEnvError as err:
         return str(err)
-    if j is None or j[0] != 0 or e.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+    if j is None:
         return ""
     port = int(e["MASTER_PORT"])
+    try:
+        socket.getaddrinfo(e["MASTER_ADDR"], port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as err:
+        return (f"MASTER_ADDR={e['MASTER_ADDR']!r} does not resolve ({getattr(err, 'strerror', None) or err}): "
+                "export node 0's address or host name as MASTER_ADDR on every rank")
+    if j[0] != 0 or e.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+        return ""
     if port_busy(port):
         return (f"MASTER_PORT={port} is in use on this host, where rank 0 listens for the other ranks: export a "
                 "free port as MASTER_PORT on every rank")

@@ -11,6 +11,7 @@ run's --timeout. The process groups of the run are then made on this one store, 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import socket
 import sys
@@ -29,6 +30,7 @@ class JoinError(RuntimeError):
 _store: dist.Store | None = None
 _failed = ""
 _groups = 0
+_said = 0
 
 
 def _listening(addr: str, port: int) -> bool:
@@ -96,3 +98,20 @@ def group_store(rank: int, world: int, timeout_s: float) -> dist.Store:
         raise JoinError(_failed)
     _groups += 1
     return dist.PrefixStore(f"moebench/group{_groups}", _store)
+
+
+def from_rank0(rank: int, value, timeout_s: float):
+    """rank 0's `value` on every rank of the job, in call order (JSON through the job's store): a choice the
+    ranks must make alike (which sweep cases are done, by rank 0's --out) is rank 0's alone."""
+    global _said
+    _said += 1
+    key = f"moebench/from-rank0/{_said}"
+    if rank == 0:
+        _store.set(key, json.dumps(value))
+        return value
+    deadline = time.monotonic() + timeout_s
+    while not _store.check([key]):
+        if time.monotonic() > deadline:
+            raise JoinError(f"rank 0 said nothing for {timeout_s:.0f} s (--timeout): it stopped or hangs")
+        time.sleep(0.05)
+    return json.loads(_store.get(key))

@@ -286,5 +286,8 @@ def _run_joined(fn, joined, device_type, timeout_s, args, ranks_per_gpu=1) -> li
         gathered = [None] * world if rank == 0 else None
         dist.gather_object(out, gathered, dst=0)
         return gathered if rank == 0 else []
+    except Exception as e:  # noqa: BLE001 - another rank died mid-run (gloo: connection reset): one line, FAIL
+        raise LaunchError(f"rank {rank} of the job: {type(e).__name__}: {str(e).splitlines()[0][:300]} (a rank of "
+                          "the job failed or was stopped)") from None
     finally:
         dist.destroy_process_group()

@@ -35,7 +35,9 @@ from ..records.knobs import best_knobs
 from ..records.schema import knobs_of
 from ..records.tables import format_best, sig3
 from ..records.validate import COUNT_MAX, show
-from .launch import join_problem
+from . import join
+from .eta import case_work, plan_works, time_left
+from .launch import join_problem, joined_env
 from .runner import run_case
 from .spec import RunSpec
 
@@ -224,6 +226,11 @@ class SweepState:
         self.done = done_keys(records, redo_failed)
         self.history: list[tuple[int, float]] = []     # (work, seconds) of the cases run
         self.waivers: set | None = None
+        self.job = joined_env()                         # a rank of a torchrun/srun job: rank 0 decides
+
+    def agreed(self, value):
+        """`value` as rank 0 has it: a job's ranks must choose alike (each reads its own --out)."""
+        return value if self.job is None else join.from_rank0(self.job[0], value, self.base.timeout_s)
 
     def stop(self) -> bool:
         return self.max_cases is not None and self.ran >= self.max_cases
@@ -231,7 +238,7 @@ class SweepState:
     def run(self, case: Case) -> None:
         self.n += 1
         head = f"[{self.n}/{self.total}] {label(self.s, case)}"
-        if case.key in self.done:
+        if self.agreed(case.key in self.done):
             self.skipped += 1
             print(f"{head}: already in {self.base.out}, skipped")
             return
@@ -245,7 +252,8 @@ class SweepState:
             self.refused.append(f"{label(self.s, case)}: {e}")
             return
         self.history.append((case_work(case.w), time.monotonic() - t0))
-        writer.write_jsonl(self.base.out, [r for r in recs if not self.repeats_waiver(r)])
+        if self.job is None or self.job[0] == 0:        # rank 0 writes the job's records
+            writer.write_jsonl(self.base.out, [r for r in recs if not self.repeats_waiver(r)])
         self.records += recs
         self.done |= done_keys(recs, self.redo_failed)     # keys only grow: no rescan of all records
         self.ran += 1
@@ -269,7 +277,7 @@ class SweepState:
         mine = [r for r in self.records if r.get("workload") == case.w.asdict()
                 and r.get("backend", {}).get("name") == case.backend]
         entries = best_knobs(mine)
-        return entries[0]["knobs"] if entries else {}
+        return self.agreed(entries[0]["knobs"] if entries else {})
 
 
 def _waiver_key(r: dict) -> tuple:
@@ -288,33 +296,6 @@ def done_keys(records: list[dict], redo_failed: bool = False) -> set[str]:
         keys.add(tag.get("case") or case_key(r.get("workload", {}), (r.get("backend") or {}).get("name"),
                                               knobs_of(r)))
     return keys
-
-
-def case_work(w: Workload) -> int:
-    """What a case's time grows with: tokens x hidden x top-k per rank (the rows each rank moves and checks)."""
-    return w.num_tokens * w.hidden * w.topk
-
-
-def plan_works(s: Sweep, wls: list[Workload], names: list[str], knob_sweep: bool) -> list[int]:
-    """The work of every case, in the order walk() visits them."""
-    per = [sum(len(v) for v in s.knobs[n].values()) if knob_sweep and s.knobs.get(n) else 1 for n in names]
-    return [case_work(w) for w in wls for _ in range(sum(per))]
-
-
-def time_left(history: list[tuple[int, float]], works: list[int]) -> float | None:
-    """Seconds the cases of `works` will take, from the (work, seconds) of the cases run so far: a
-    least-squares line seconds = a + b x work (a: the launch, b: the part that grows with the work);
-    while every case run so far had the same work, in proportion to the work. None before any case."""
-    if not history:
-        return None
-    xs, ys = [x for x, _ in history], [y for _, y in history]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
-    if b <= 0:
-        return sum(ys) / sum(xs) * sum(works)
-    a = max(0.0, my - b * mx)
-    return sum(a + b * x for x in works)
 
 
 def walk(runner: SweepState, s: Sweep, wls: list[Workload], names: list[str], knob_sweep: bool) -> None:
@@ -365,7 +346,7 @@ def main_sweep(args) -> int:
         print(f"# NOTE: {base.note}")
     if device == "cpu" and max(w.num_tokens * w.hidden for w in wls) > 1 << 22:
         print("# NOTE: full-size shapes on CPU/gloo are slow; a tiny sweep file suits a functional check")
-    works = plan_works(s, wls, names, args.knob_sweep)
+    works = plan_works(s.knobs, wls, names, args.knob_sweep)
     total = len(works)
     print(f"# sweep {s.name}: {s.description} | {len(wls)} workloads x {', '.join(names)}"
           f"{' (knob sweep)' if args.knob_sweep else ''} = {total} cases, EP {args.ep}, device {device},"
@@ -373,6 +354,9 @@ def main_sweep(args) -> int:
     runner = SweepState(base, s, existing, works, args.max_cases, args.redo_failed)
     try:
         walk(runner, s, wls, names, args.knob_sweep)
+    except join.JoinError as e:
+        print(f"moebench.dispatch: error: {e}; {runner.ran} cases finished", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as e:
         raise Interrupted.after(e, f"{runner.ran} cases finished and kept in {out}; rerun the same command to "
                                    "resume") from None

@@ -99,7 +99,7 @@ def _lm_options(p, arm: bool = False) -> None:
                    + "; none: the model comes from --megatron-args (default aws-p6)")
     p.add_argument("--megatron-args", metavar="STR", help="your own pretrain_gpt.py arguments, appended after the "
                    "preset (shell-quoted; no dispatcher flags: each arm's come from `megatron flags`)")
-    p.add_argument("--iters", "--steps", dest="iters", type=cli.count(2),
+    p.add_argument("--iters", "--steps", dest="iters", type=cli.count(2, cli.MAX_ITERS),
                    help="training iterations per launch (default 30 with Megatron-LM, 50 for the quick loop; "
                         ">= 50 for a final run)")
     p.add_argument("--window", type=cli.count(), help="steady window: the last N iterations (default 10; the quick "

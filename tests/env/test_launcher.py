@@ -6,7 +6,7 @@ import pytest
 
 from moebench.env import launcher
 
-MASTER = {"MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
+MASTER = {"MASTER_ADDR": "localhost", "MASTER_PORT": "29500"}       # an address that resolves anywhere
 SRUN = {"SLURM_NTASKS": "8", "SLURM_PROCID": "3", "SLURM_LOCALID": "3", "SLURM_STEP_ID": "0", **MASTER}
 
 JOINS = [
@@ -36,6 +36,13 @@ REFUSED = [
 @pytest.mark.parametrize("env, want", JOINS)
 def test_whole_launcher_jobs_join_and_plain_machines_do_not(env, want):
     assert launcher.problem(env) == "" and launcher.joined(env) == want
+
+
+def test_a_master_address_that_does_not_resolve_is_named_on_every_rank():
+    """Rank 0 blamed the port after 60 lines of C++ traces; rank 1 counted 0 joined for --timeout."""
+    for rank in ("0", "1"):
+        line = launcher.problem({**MASTER, "RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "no-such-host.invalid"})
+        assert line.startswith("MASTER_ADDR='no-such-host.invalid' does not resolve") and "\n" not in line, line
 
 
 @pytest.mark.parametrize("env, variable, what", REFUSED, ids=[r[1] for r in REFUSED])

@@ -8,7 +8,7 @@ import pytest
 from moebench import dispatch
 from moebench.core.workload import Workload
 from moebench.core.workload import WorkloadError
-from moebench.harness import sweep
+from moebench.harness import eta, sweep
 from moebench.records import knobs
 
 
@@ -159,16 +159,16 @@ def test_knob_sweep_fixes_best_of_earlier_axis(tmp_path, capsys):
 def test_time_left_follows_the_work_of_the_remaining_cases():
     # six token counts x seven backends, as a dsv3 sweep: a 6 s launch plus time in proportion to the work
     wls = [Workload(num_tokens=t, hidden=7168, num_experts=256, topk=8, ep=8) for t in (512, 1024, 2048, 4096, 8192, 16384)]
-    works = [sweep.case_work(w) for w in wls for _ in range(7)]
+    works = [eta.case_work(w) for w in wls for _ in range(7)]
     seconds = [6.0 + 2e-8 * x for x in works]
     done = 35                                             # at case 36 of 42
     truth = sum(seconds[done:])
-    left = sweep.time_left(list(zip(works[:done], seconds[:done])), works[done:])
+    left = eta.time_left(list(zip(works[:done], seconds[:done])), works[done:])
     by_count = sum(seconds[:done]) / done * (len(works) - done)
     assert abs(left - truth) / truth < 0.05, (left, truth)
     assert truth / by_count > 2                           # what counting cases said: far too little
-    assert sweep.time_left([], works) is None
-    same = sweep.time_left([(100, 2.0), (100, 4.0)], [100, 300])
+    assert eta.time_left([], works) is None
+    same = eta.time_left([(100, 2.0), (100, 4.0)], [100, 300])
     assert same == 3.0 / 100 * 400                        # one work so far: in proportion
 
 

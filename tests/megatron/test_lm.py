@@ -237,7 +237,7 @@ def test_launch_recipe_shapes(monkeypatch):
     monkeypatch.setenv("SLURM_PROCID", "3")
     monkeypatch.setenv("SLURM_NTASKS", "16")
     monkeypatch.setenv("SLURM_STEP_ID", "0")            # a task srun started
-    monkeypatch.setenv("MASTER_ADDR", "node0")
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
     monkeypatch.setenv("MASTER_PORT", "29500")
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "8(x2)")
     assert lm_plan.launcher_shape() == (16, 8, "srun")
@@ -255,7 +255,7 @@ def test_validate_refuses_under_a_launcher_and_arm_outside_one(monkeypatch, caps
     monkeypatch.setenv("MEGATRON_LM", str(STANDIN))
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("MASTER_ADDR", "node0")
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
     monkeypatch.setenv("MASTER_PORT", "29500")
     assert megatron.main(["validate", "--dispatcher", "deepep", "--device", "cpu", "--ep", "2"]) == 2
     assert "`megatron arm` once per arm" in capsys.readouterr().err

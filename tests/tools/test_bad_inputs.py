@@ -256,6 +256,13 @@ def test_nonsense_is_refused_naming_the_problem(tmp_path, capsys, monkeypatch):
              (lambda: dispatch.main([*d, "--iters", HUGE]), ("--iters must be at most 100000",)),
              (lambda: dispatch.main([*d, "--soak", HUGE]), ("--soak must be at most 1000000",)),
              (lambda: check.main(["-t", "baseline", "--results", str(fifo)]), ("--results needs --baseline",)),
+             (lambda: check.main(["-t", "env", "--soak", HUGE]), ("--soak must be at most 1000000",)),
+             (lambda: megatron.main(["validate", "--dispatcher", "alltoall", "--iters", HUGE]),
+              ("must be at most 100000",)),
+             (lambda: permute.main(["--ops-impl", "torch@1"]), ("torch@1: torch has no variants",)),
+             (lambda: permute.main(["--ops-impl", "torch", "--shapes", "16x32x2x4,016x32x2x4"]),
+              ("--shapes names 16x32x2x4 twice",)),
+             (lambda: permute.main(["--ops-impl", "megatron@"]), ("megatron@: megatron has no variants",)),
              (lambda: permute.main(["--ops-impl", "torch", "--shapes", ""]), ("--shapes",)),
              (lambda: check.main(["-p", ""]), ("-p is empty",)),
              (lambda: megatron.main(["validate", "--dispatcher", "deepep,deepep"]), ("names deepep twice",)),
@@ -333,3 +340,48 @@ def test_second_pass_inputs_across_the_tools(tmp_path):
     refused(same_file, "(the same file as", "is given twice")
     refused(twice, "is given twice: its records would count twice")
     assert plotted.returncode == 0 and plot.is_file(), plotted.stderr[-2000:]
+
+
+def test_a_job_rank_that_dies_mid_run_is_a_fail_record_and_only_rank_0_writes(tmp_path):
+    """A torchrun job: rank 1 stopped mid-run left rank 0 with a gloo traceback and no record; rank 1 appended the
+    job's WAIVED records a second time. Now rank 0 records FAIL naming why, and only rank 0 writes."""
+    out, port = tmp_path / "r.jsonl", str(free_port())
+    d = ["moebench.dispatch", *TINY[:-1], "100000", "--backend", "alltoall,mcore-alltoall", "--timeout", "30",
+         "--views", "api", "--out", str(out)]
+    job = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    one = subprocess.Popen([sys.executable, "-m", *d], env=env(**job, RANK="1", LOCAL_RANK="1"), cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        zero = subprocess.Popen([sys.executable, "-m", *d], env=env(**job, RANK="0", LOCAL_RANK="0"), cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(12)                                    # both joined and timing 100000 iterations
+        os.killpg(one.pid, signal.SIGINT)
+        _, err0 = zero.communicate(timeout=90)
+        one.communicate(timeout=30)
+    finally:
+        for p in (one, zero):
+            if p.poll() is None:
+                p.kill()
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert zero.returncode == 1 and "Traceback" not in err0, err0[-2000:]
+    assert sorted((r["backend"]["name"], r["check"]["status"]) for r in recs) == [
+        ("alltoall", "FAIL"), ("alltoall", "FAIL"), ("mcore-alltoall", "WAIVED"), ("mcore-alltoall", "WAIVED")]
+    assert "rank 0 of the job" in recs[-1]["check"]["error"] or "rank 0 of the job" in recs[0]["check"]["error"]
+
+
+def test_a_joined_sweep_runs_what_rank_0_has_not_done_whatever_the_other_ranks_files_hold(tmp_path):
+    """Each node resuming from its own --out: the ranks chose different cases and rank 1 died in a traceback."""
+    sweep = tmp_path / "tiny.toml"
+    sweep.write_text("hidden = 64\nnum_experts = 8\ntopk = 2\nnum_tokens = [8, 16]\n")
+    mine, theirs = tmp_path / "rank0.jsonl", tmp_path / "rank1.jsonl"
+    s = ["moebench.dispatch", "--device", "cpu", "--ep", "2", "--iters", "1", "--backend", "alltoall", "--timeout",
+         "60", "--sweep", str(sweep)]
+    for _ in range(2):                                   # the first run fills rank 0's file; the second resumes it
+        job = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        one = subprocess.Popen([sys.executable, "-m", *s, "--out", str(theirs)], env=env(**job, RANK="1",
+                               LOCAL_RANK="1"), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        zero, = tools(([*s, "--out", str(mine)], {**job, "RANK": "0", "LOCAL_RANK": "0"}))
+        _, err1 = one.communicate(timeout=60)
+        assert zero.returncode == 0 and one.returncode == 0, (zero.stderr[-2000:], err1[-2000:])
+    assert "ran 0, skipped 2" in zero.stdout and len(mine.read_text().splitlines()) == 4
+    assert not theirs.exists()                           # rank 1 writes nothing: the job's records are rank 0's
