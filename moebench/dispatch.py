@@ -12,7 +12,7 @@ from . import cli
 from .core.workload import WorkloadError
 from .env import launcher
 from .harness import spec, sweep
-from .harness.launch import join_problem, joined_env
+from .harness.launch import is_lead, join_problem
 from .harness.runner import run_case
 from .harness.spec import RunSpec
 from .records import schema, tables, writer
@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     if not_joined := join_problem(run.timeout_s):
         print(f"moebench.dispatch: error: {not_joined}", file=sys.stderr)
         return 2
-    joined = joined_env()
-    say = print if joined is None or joined[0] == 0 else (lambda *a, **k: None)   # rank 0 reports
+    lead = is_lead()
+    say = print if lead else (lambda *a, **k: None)          # rank 0 of a job reports and writes
     if run.note:
         say(f"# NOTE: {run.note}")
     w = run.workload
@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     done: list[str] = []
     written = [0]
 
-    def finished(name: str, recs: list[dict]) -> None:     # each backend's records on disk as it ends (rank 0's)
-        if joined is None or joined[0] == 0:
+    def finished(name: str, recs: list[dict]) -> None:     # each backend's records on disk as it ends
+        if lead:
             writer.write_jsonl(args.out, recs)
         if name not in done:
             done.append(name)
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                f"the soak of {done[-1]} cut short" if run.soak else "every backend finished")
         raise cli.Interrupted.after(e, f"{written[0]} records of {', '.join(done) or 'no backend'} kept in "
                                        f"{args.out}; {cut}") from None
-    if joined is not None and joined[0] != 0:
+    if not lead:
         return 0
     print(tables.format_table(records, run.table_views(args.wide), args.wide))
     print(f"# {len(records)} records appended to {args.out} as each backend finished")

@@ -79,6 +79,12 @@ def joined_env() -> tuple[int, int, int] | None:
     return launcher.joined()
 
 
+def is_lead() -> bool:
+    """This process reports and writes the records: it starts its own ranks, or it is rank 0 of its job."""
+    joined = joined_env()
+    return joined is None or joined[0] == 0
+
+
 def join_problem(timeout_s: float) -> str:
     """'' when this process starts its own ranks, or once every rank of its torchrun/srun job has joined
     (harness/join.py: bounded by timeout_s, Ctrl-C stops it); else the one line why not. Tools call it before

@@ -37,7 +37,7 @@ from ..records.tables import format_best, sig3
 from ..records.validate import COUNT_MAX, show
 from . import join
 from .eta import case_work, plan_works, time_left
-from .launch import join_problem, joined_env
+from .launch import is_lead, join_problem, joined_env
 from .runner import run_case
 from .spec import RunSpec
 
@@ -252,7 +252,7 @@ class SweepState:
             self.refused.append(f"{label(self.s, case)}: {e}")
             return
         self.history.append((case_work(case.w), time.monotonic() - t0))
-        if self.job is None or self.job[0] == 0:        # rank 0 writes the job's records
+        if is_lead():                                   # rank 0 writes the job's records
             writer.write_jsonl(self.base.out, [r for r in recs if not self.repeats_waiver(r)])
         self.records += recs
         self.done |= done_keys(recs, self.redo_failed)     # keys only grow: no rescan of all records

@@ -138,7 +138,8 @@ def cmd_quick(args, argv, dispatcher: str) -> int:
     shared = args.ranks_per_gpu > 1
     runs = [] if args.no_control or dispatcher == CONTROL else [("control", CONTROL)]
     runs.append(("candidate", dispatcher))
-    lead = _is_lead()
+    from ..harness.launch import is_lead
+    lead = is_lead()
     say = print if lead else (lambda *a, **k: None)
     if device == "cpu":
         say(f"# CPU functional run (CUDA calls emulated): not a measurement and not a validation\n# {CPU_PACE}")
@@ -168,12 +169,6 @@ def cmd_quick(args, argv, dispatcher: str) -> int:
     if not lead:
         return 0
     return _report(out, args, device, shared, dispatcher)
-
-
-def _is_lead() -> bool:
-    from ..harness.launch import joined_env
-    joined = joined_env()
-    return joined is None or joined[0] == 0
 
 
 def _report(out: list[dict], args, device: str, shared: bool, dispatcher: str) -> int:

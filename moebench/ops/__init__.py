@@ -106,7 +106,7 @@ def _backend(impl: str, device: torch.device, op: str):
     if hit is not None:
         return hit
     name, _, variant = impl.partition("@")
-    if variant and (name not in ("cuda", "triton") or op == "sort_chunks_by_idxs"):
+    if variant and op == "sort_chunks_by_idxs":
         raise ValueError(f"impl {name!r} has no variants for {op} (only cuda@V and triton@... permute/unpermute)")
     if variant:
         check_variant(name, variant)
@@ -114,10 +114,16 @@ def _backend(impl: str, device: torch.device, op: str):
     return hit
 
 
+VARIANT_IMPLS = ("cuda", "triton")     # the impls that take NAME@VARIANT (permute / unpermute)
+
+
 def check_variant(name: str, variant: str) -> None:
     """Refuse a malformed variant with its reason when the impl string is resolved (once per impl,
     on any machine, the GPU or not), never at a launch. The CUDA permute's rows-per-CTA against a
-    shape's shared memory is checked per shape (cuda_impl: falls back with a warning)."""
+    shape's shared memory is checked per shape (cuda_impl: falls back with a warning). Only cuda and triton
+    take a variant ('' is their default)."""
+    if name not in VARIANT_IMPLS:
+        raise ValueError(f"{name}@{variant}: {name} has no variants (only cuda@V and triton@... take one)")
     if name == "cuda":
         from . import cuda_variant
         cuda_variant.parse(variant)

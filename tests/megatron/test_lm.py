@@ -12,6 +12,7 @@ import pytest
 
 from conftest import FAKES, FIXTURES, ROOT
 from moebench import megatron
+from moebench.harness import launch
 from moebench.megatron import ab, lm_arm, lm_args, lm_log, lm_plan, lm_verdict, loop
 from moebench.megatron import flags as F
 
@@ -272,7 +273,7 @@ def test_quick_loop_under_a_launcher_runs_every_arm_on_every_rank(monkeypatch, t
     calls = []
     monkeypatch.setattr(loop, "environment", lambda args, d, e: ("cuda", 2))
     monkeypatch.setattr(loop, "run_training", lambda spec, d, *a, **k: calls.append(d))
-    monkeypatch.setattr(loop, "_is_lead", lambda: False)
+    monkeypatch.setattr(launch, "is_lead", lambda: False)
     args = megatron.parser().parse_args(["validate", "--dispatcher", "hybridep", "--out", str(tmp_path / "o.jsonl")])
     assert loop.cmd_quick(args, [], "hybridep") == 0
     assert calls == ["alltoall", "hybridep"] and not (tmp_path / "o.jsonl").exists()
