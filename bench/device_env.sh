@@ -8,9 +8,22 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 t0=$(date +%s); step() { echo "### $1 ($(( $(date +%s) - t0 )) s)"; }
-# The NVSHMEM DeepEP build (bench/megatron_lm_h200.sh build + pack) on PYTHONPATH: unpacked from the
-# carried .ext/deepep-pack pieces unless this machine still has it.
+# The NVSHMEM DeepEP build (README's recipe) from the carried source .ext/DeepEP (hybrid-ep 94a9f8f), packed
+# as xz pieces under $OUT for a later call to carry back as .ext/deepep-pack, and put on PYTHONPATH: unpacked
+# from those pieces unless this machine still has it.
 DEEPEP_BUILD=$PWD/.ext/deepep-builds/nvshmem+syslink
+build_deepep() {   # [MAX_JOBS]: the build's log in /tmp/deepep-build.log, its provenance in $OUT
+  step "build DeepEP hybrid-ep with NVSHMEM (nvshmem+syslink)"
+  BUILD_ROOT=$(dirname "$DEEPEP_BUILD") FIX=nvshmem+syslink MAX_JOBS=${MAX_JOBS:-16} timeout 400 \
+    bash bench/deepep_build.sh .ext/DeepEP > /tmp/deepep-build.log 2>&1
+  echo "build rc=$?"; grep -h '^{' /tmp/deepep-build.log > "$OUT/deepep-build-h200.json"
+  grep -E "failed|PYTHONPATH" /tmp/deepep-build.log
+}
+pack_deepep() {
+  step "pack the DeepEP build for a later call (carry the pieces back as .ext/deepep-pack)"
+  tar -C "$(dirname "$DEEPEP_BUILD")" -I 'xz -T0 -3' -cf /tmp/b.tar.xz "$(basename "$DEEPEP_BUILD")" \
+    && ls -la /tmp/b.tar.xz && split -b 15M /tmp/b.tar.xz "$OUT/deepep-nvshmem.tar.xz."
+}
 use_deepep_build() {
   if [ ! -d "$DEEPEP_BUILD" ]; then
     step "unpack the carried DeepEP build"

@@ -1,33 +1,56 @@
 #!/usr/bin/env bash
-# moebench.dispatch on the one-GPU H200: memory rows, soaks, and the GPU test tier's time. Carry
-# .ext/deepep-pack (the NVSHMEM DeepEP build that bench/megatron_lm_h200.sh packs) and .whl (megatron-core).
+# moebench.dispatch on the one-GPU H200: the fp8 regression, memory rows, soaks, and the GPU test tier.
+# Carry .whl (megatron-core) and either .ext/DeepEP (the source: step `build`) or .ext/deepep-pack (a packed build).
 # Steps, in the order given:
-#   ep1     alltoall and mcore-alltoall at EP 1 (T 4096, H 7168, K 8, E 256, bf16): times and memory columns
-#   shared  deepep, deepep-ll and hybridep at EP 2 with 2 ranks sharing the GPU (T 64, H 2048, K 4, E 16),
-#           each soaked with $SOAK (default 2000) calls on fresh routing: memory rows and soak records
-#           (functional: shared-GPU times are no performance figures); SHARED_BACKENDS picks fewer,
-#           SOAK_TIMEOUT (default 480 s) is each backend's soak budget, so one backend fits a 600 s device call
+#   fp8q    alltoall at EP 1 (T 4096, H 7168, K 8, E 256), fp8 with --ops-impl torch, triton and cuda, and bf16: the
+#           main job's oracle on the GPU (fp8 failed there at 22abc24), api view only, a minute at most
+#   ep1     alltoall and mcore-alltoall at EP 1, same shape, bf16, then alltoall fp8: times and memory columns
+#   build   DeepEP hybrid-ep with NVSHMEM from .ext/DeepEP (README's recipe); `bgbuild` starts it in the background
+#           and the next `wait` step waits for it (the steps between must not be timings anyone reports)
+#   pack    that build as xz pieces under $OUT (carried back as .ext/deepep-pack by a later call)
+#   shared  deepep, deepep-ll and hybridep at EP 2 with 2 ranks sharing the GPU (T 64, H 2048, K 4, E 16), each
+#           soaked with $SOAK (default 2000) calls on fresh routing within $SOAK_SECONDS (default 150) after its
+#           setup: memory rows and soak records with where each call's time went (functional); SHARED_BACKENDS
+#           picks fewer
 #   gputier pytest -m gpu over tests/ with the DeepEP build on the path, timed (goal: under 5 minutes)
-# Usage on the device: MOEBENCH_GIT_SHA=<sha> bash bench/dispatch_h200.sh ep1 shared gputier
-#   one backend's soak per device call: SHARED_BACKENDS=hybridep bash bench/dispatch_h200.sh shared
+# Usage on the device: MOEBENCH_GIT_SHA=<sha> bash bench/dispatch_h200.sh fp8q build pack shared
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; exec > >(tee -a "$OUT/dispatch-h200.txt") 2>&1
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 source bench/device_env.sh
 D="python3 -m moebench.dispatch --device cuda"
+BIG="--num-tokens 4096 --hidden 7168 --num-experts 256 --topk 8"
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
+bpid=""
 for s in "$@"; do case $s in
+fp8q)
+  step "alltoall EP 1 fp8 (torch, triton, cuda) and bf16 through the oracle, api view"
+  for i in torch triton cuda; do
+    timeout 120 $D --ep 1 --backend alltoall $BIG --dtype fp8 --ops-impl $i --views api --iters 5 \
+      --out "$OUT/fp8-ep1-h200.jsonl" | grep -E "^alltoall|FAIL|error"
+  done
+  timeout 120 $D --ep 1 --backend alltoall $BIG --views api --iters 5 --out "$OUT/fp8-ep1-h200.jsonl" \
+    | grep -E "^alltoall|FAIL|error" ;;
 ep1)
-  step "alltoall and mcore-alltoall, EP 1, T 4096 H 7168 K 8 E 256: times and memory"
-  timeout 300 $D --ep 1 --backend alltoall,mcore-alltoall --num-tokens 4096 --hidden 7168 --num-experts 256 \
-    --topk 8 --iters 30 --out "$OUT/dispatch-memory-ep1-h200.jsonl" ;;
+  step "alltoall and mcore-alltoall, EP 1, T 4096 H 7168 K 8 E 256: times and memory; alltoall fp8"
+  timeout 300 $D --ep 1 --backend alltoall,mcore-alltoall $BIG --iters 30 --out "$OUT/dispatch-memory-ep1-h200.jsonl"
+  timeout 200 $D --ep 1 --backend alltoall $BIG --dtype fp8 --iters 30 --out "$OUT/dispatch-memory-ep1-h200.jsonl" ;;
+build)
+  build_deepep ;;
+bgbuild)
+  build_deepep > /tmp/deepep-build-step.log 2>&1 & bpid=$! ;;
+wait)
+  [ -n "$bpid" ] && wait "$bpid"; cat /tmp/deepep-build-step.log 2>/dev/null ;;
+pack)
+  pack_deepep ;;
 shared)
   use_deepep_build
   B=${SHARED_BACKENDS:-deepep,deepep-ll,hybridep}
-  step "$B: EP 2 on one GPU, memory rows and soaks of ${SOAK:-2000} calls (--timeout ${SOAK_TIMEOUT:-480} s each)"
-  timeout "${SHARED_TIMEOUT:-580}" $D --ep 2 --ranks-per-gpu 2 --backend "$B" --num-tokens 64 --hidden 2048 \
-    --num-experts 16 --topk 4 --iters 20 --soak "${SOAK:-2000}" --timeout "${SOAK_TIMEOUT:-480}" \
-    --out "$OUT/dispatch-shared-soak-h200.jsonl" ;;
+  step "$B: EP 2 on one GPU, memory rows and soaks of ${SOAK:-2000} calls within ${SOAK_SECONDS:-150} s each"
+  timeout "${SHARED_TIMEOUT:-590}" $D --ep 2 --ranks-per-gpu 2 --backend "$B" --num-tokens 64 --hidden 2048 \
+    --num-experts 16 --topk 4 --iters 20 --soak "${SOAK:-2000}" --soak-seconds "${SOAK_SECONDS:-150}" \
+    --timeout 400 --out "$OUT/dispatch-shared-soak-h200.jsonl"
+  echo "dispatch rc=$? (3: a soak ran out of its budget with nothing corrupted)" ;;
 gputier)
   use_deepep_build
   # the CUDA extension is built first, as an install builds it (setup.py): its JIT build is not test time

@@ -14,7 +14,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; exec > >(tee -a "$OUT/${LOG_NAME:-megatron-lm-h200.txt}") 2>&1
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 source bench/device_env.sh
-B=$PWD/.ext/deepep-builds YES=nvshmem+syslink MLM=$PWD/.ext/Megatron-LM
+MLM=$PWD/.ext/Megatron-LM
 export MEGATRON_LM_COMMIT=${MEGATRON_LM_COMMIT:-f8837c04ef6cbef6cdefb8de001aad63178aebbf}   # core_r0.19.0 (export, no .git)
 V="python3 -m moebench.megatron validate --megatron-lm $MLM --log-dir /tmp/mlm-logs"
 keep_log() { ls -t /tmp/mlm-logs/*"$1"*.log 2>/dev/null | head -1 | xargs -r -I{} cp {} "$OUT/$2"; }
@@ -26,12 +26,9 @@ ep1)
     --out "$OUT/megatron-lm-ep1-h200.jsonl" 2>&1 | grep -v -i "warn"
   keep_log alltoall-r0 megatron-lm-ep1-h200.log ;;
 build)
-  step "build DeepEP hybrid-ep with NVSHMEM ($YES)"
-  BUILD_ROOT=$B FIX="$YES" MAX_JOBS=16 timeout 400 bash bench/deepep_build.sh .ext/DeepEP > /tmp/build.log 2>&1
-  echo "build rc=$?"; grep -h '^{' /tmp/build.log > "$OUT/deepep-build-h200.json"; grep -E "failed|PYTHONPATH" /tmp/build.log ;;
+  build_deepep ;;
 pack)
-  step "pack the build for a later call"
-  tar -C "$B" -I 'xz -T0 -3' -cf /tmp/b.tar.xz "$YES" && ls -la /tmp/b.tar.xz && split -b 15M /tmp/b.tar.xz "$OUT/deepep-nvshmem.tar.xz." ;;
+  pack_deepep ;;
 unpack)
   use_deepep_build ;;
 shared)

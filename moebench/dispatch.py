@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = sorted({schema.name(r) for r in records if schema.status(r) == "FAIL"})
     if failed:
         print(f"# FAIL: {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed else 0
+    return schema.exit_code(records)
 
 
 if __name__ == "__main__":

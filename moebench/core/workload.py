@@ -290,11 +290,17 @@ def load_trace(path: str, topk: int, num_experts: int) -> torch.Tensor:
 
 
 def rank_inputs(w: Workload, rank: int, device="cpu"):
-    """(x_TH bf16, topk_idx_TK, topk_w_TK, x_fp8, scales) for a rank; fp8 fields None for bf16."""
-    x = make_tokens(w, rank, device)
+    """(x_TH bf16, topk_idx_TK, topk_w_TK, x_fp8, scales) for a rank; fp8 fields None for bf16.
+
+    Everything is made on the host and then moved, so that every device holds the bytes the oracle
+    (core/reference.py, which builds on the host) expects: CUDA divides by a scalar as a multiply by its
+    reciprocal, so fp8 scales quantized on the GPU differed from the host's in the last bit (59% of them at
+    T 4096, H 7168) and every fp8 dispatch failed the oracle there."""
+    x = make_tokens(w, rank)
     idx, wt = make_routing(w, rank, device)
     q, s = fp8_quantize(x) if w.dtype == "fp8" else (None, None)
-    return x, idx, wt, q, s
+    move = lambda t: t.to(device) if t is not None else None       # noqa: E731
+    return move(x), idx, wt, move(q), move(s)
 
 
 def fp8_quantize(x_TH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,6 +4,8 @@ exactly the oracle's rows (a multiset, bit for bit), and combine must return sum
 Graph replays and soak calls are checked by the same functions."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..backends import base
@@ -17,6 +19,16 @@ def expert_outputs(d: base.Dispatched, rank: int, w: Workload) -> torch.Tensor:
     y = reference.apply_experts(d.x_RH[: sum(tpe)], tpe, rank, w, d.scales_RS)
     rows = d.x_RH.shape[0]
     return y if y.shape[0] == rows else torch.cat([y, y.new_zeros(rows - y.shape[0], *y.shape[1:])])
+
+
+def moved(d: base.Dispatched, where) -> base.Dispatched:
+    """The dispatch's rows, scales and counts on `where` (one copy each; the handle stays): the oracle then runs
+    there."""
+    where = torch.device(where)
+    if d.x_RH.device == where:
+        return d
+    on = lambda t: t.to(where) if isinstance(t, torch.Tensor) else t      # noqa: E731
+    return dataclasses.replace(d, x_RH=on(d.x_RH), scales_RS=on(d.scales_RS), tokens_per_expert=on(d.tokens_per_expert))
 
 
 def _received(d: base.Dispatched, w: Workload, rank: int, dev) -> tuple:

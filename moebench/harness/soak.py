@@ -9,8 +9,15 @@ every combine against the oracle, counting the wrong rows and tokens; where the 
 call, its graph is replayed N times too, each replay poisoned and checked (bit for bit). It runs in its own
 launch of the ranks, so a crash or hang in it ends only the soak: the record says at which call and how,
 with the counts of the calls before (each rank writes its progress to a file after every call). --timeout
-is the whole soak's budget: a soak still advancing when it runs out is stopped as `timeout` with its rate,
-one whose calls stopped is a `hang`.
+bounds the soak's launch: a soak still advancing when it runs out is stopped as `timeout` with its rate, one
+whose calls stopped is a `hang`. --soak-seconds is its own budget: the ranks agree after every call whether it
+has run out and stop together; either way a soak its time ended with no call corrupted is BUDGET, not FAIL.
+
+Where the time goes: each rank sums its host-clock seconds per stage of a checked call (inputs, dispatch, the
+dispatch check, the experts, combine, the combine check; one sync after combine so that its kernels are not
+billed to the check) and the record keeps them (`stage_s`). Ranks that share a GPU check on the host: the other
+rank's communication kernel spins on the GPU while this one checks, and every gap in a queue of small checking
+kernels handed it a whole time slice (~150 ms a call at EP 2, T 64, with the check on the GPU).
 """
 from __future__ import annotations
 
@@ -19,6 +26,9 @@ import os
 import tempfile
 import time
 import traceback
+
+import torch
+import torch.distributed as dist
 
 from ..core.workload import rank_inputs
 from . import oracle, views
@@ -31,20 +41,71 @@ KEEP_BAD = 20                    # bad calls kept per rank with their detail
 STALL_S = 30.0                   # no call finished for this long when the time ran out: a hang
 
 
-def one_call(b, w, rank: int, dev) -> dict | None:
-    """One dispatch + combine on fresh inputs, checked; None when right, else what was wrong."""
+STAGES = ("inputs", "dispatch", "check_dispatch", "experts", "combine", "check_combine")
+
+
+def check_device(ctx: RankContext) -> torch.device:
+    """Where a soak checks its outputs: the host when ranks share a GPU (see the module's docstring), else the
+    rank's device."""
+    return torch.device("cpu") if ctx.ranks_per_gpu > 1 else ctx.device
+
+
+def one_call(b, w, rank: int, dev, where=None, clock: dict | None = None) -> dict | None:
+    """One dispatch + combine on fresh inputs, checked on `where` (default: dev); None when right, else what was
+    wrong. clock: {stage: seconds} to add this call's host-clock time per stage to."""
+    where = dev if where is None else torch.device(where)
+    laps = _Laps(clock, dev)
     x, idx, wt, q, s = rank_inputs(w, rank, dev)
     payload = q if q is not None else x
+    laps("inputs")
     try:
         d = b.dispatch(payload, idx, wt, s)
-        rows = oracle.dispatch_bad_rows(d, w, rank, dev)
-        out = b.combine(oracle.expert_outputs(d, rank, w), d.handle)
-        tokens = oracle.combine_bad_tokens(out, payload, idx, wt, w, s)
+        laps("dispatch")
+        mine = oracle.moved(d, where)
+        rows = oracle.dispatch_bad_rows(mine, w, rank, where)
+        laps("check_dispatch")
+        y = oracle.expert_outputs(mine, rank, w).to(dev)
+        laps("experts")
+        out = b.combine(y, d.handle)
+        laps("combine", sync=True)
+        on = lambda t: t.to(where) if t is not None else None     # noqa: E731
+        tokens = oracle.combine_bad_tokens(out.to(where), on(payload), on(idx), on(wt), w, on(s))
+        laps("check_combine")
     except Exception as e:  # noqa: BLE001 - an output the oracle cannot even read is a wrong output
         return {"rows": [], "tokens": [], "error": f"{type(e).__name__}: {str(e)[:200]}"}
     if not rows and not tokens:
         return None
     return {"rows": rows, "tokens": tokens[:16], "n_tokens": len(tokens)}
+
+
+class _Laps:
+    """Host-clock seconds per stage, added to `into` (nothing when None)."""
+
+    def __init__(self, into: dict | None, dev):
+        self.into, self.cuda, self.t = into, torch.device(dev).type == "cuda", time.perf_counter()
+
+    def __call__(self, stage: str, sync: bool = False) -> None:
+        if self.into is None:
+            return
+        if sync and self.cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.into[stage] = self.into.get(stage, 0.0) + now - self.t
+        self.t = now
+
+
+def out_of_time(deadline: float | None, group) -> bool:
+    """Every rank's answer to "has the budget run out?" (True on all ranks once it has on any), so that all
+    stop after the same call. On the host: a gloo group's collective needs no device work."""
+    if deadline is None:
+        return False
+    late = time.monotonic() > deadline
+    if group is None or dist.get_world_size(group) == 1:
+        return late
+    dev = "cpu" if dist.get_backend(group) == "gloo" else torch.device("cuda", torch.cuda.current_device())
+    t = torch.tensor([int(late)], dtype=torch.int32, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t.item())
 
 
 def _progress(path: str | None, state: dict) -> None:
@@ -57,16 +118,23 @@ def _progress(path: str | None, state: dict) -> None:
 
 def soak_main(ctx: RankContext, spec, name: str, progress_dir: str | None) -> dict:
     """Every rank: the backend set up and checked once, then `spec.soak` calls on fresh inputs, then the
-    graph's replays. Returns this rank's counts: {done, bad: [...], rows, tokens, graph}."""
+    graph's replays, all within --soak-seconds when given. Returns this rank's counts: {done, bad: [...], rows,
+    tokens, graph, budget (the call the budget stopped it at, or absent), stage_s}."""
     dev, w = ctx.device, spec.workload
     path = os.path.join(progress_dir, f"rank{ctx.rank}.json") if progress_dir else None
-    state = {"rank": ctx.rank, "done": 0, "bad": [], "bad_calls": [], "rows": 0, "tokens": 0}
+    state = {"rank": ctx.rank, "done": 0, "bad": [], "bad_calls": [], "rows": 0, "tokens": 0, "stage_s": {}}
     b, err = make_backend(spec, name, ctx)
     if err:
         return {**state, "error": err}
-    timer = Timer.for_run(spec, dev, ctx.group)
+    deadline = time.monotonic() + spec.soak_seconds if spec.soak_seconds else None
+    timer, where = Timer.for_run(spec, dev, ctx.group), check_device(ctx)
+    state["checked_on"] = where.type
     for i in range(spec.soak):
-        wrong = one_call(b, w.replace(seed=(w.seed + SEED_STRIDE * (i + 1)) % (2**63)), ctx.rank, dev)
+        if out_of_time(deadline, ctx.group):
+            state["budget"] = {"calls": i, "seconds": spec.soak_seconds}
+            break
+        wrong = one_call(b, w.replace(seed=(w.seed + SEED_STRIDE * (i + 1)) % (2**63)), ctx.rank, dev, where,
+                         state["stage_s"])
         state["done"] = i + 1
         if wrong:
             state["bad_calls"].append(i)
@@ -75,12 +143,12 @@ def soak_main(ctx: RankContext, spec, name: str, progress_dir: str | None) -> di
             if len(state["bad"]) < KEEP_BAD:
                 state["bad"].append({"call": i, "rank": ctx.rank, **wrong})
         _progress(path, state)
-    state["graph"] = _graph(b, timer, ctx, spec)
+    state["graph"] = _graph(b, timer, ctx, spec, where, (lambda: out_of_time(deadline, ctx.group)))
     b.teardown()
     return state
 
 
-def _graph(b, timer, ctx, spec) -> dict | None:
+def _graph(b, timer, ctx, spec, where, out_of_time_now) -> dict | None:
     """The graph view's replays, soaked (harness/views/graph.py), on the checked base case."""
     if "graph" not in spec.views:
         return None
@@ -89,8 +157,8 @@ def _graph(b, timer, ctx, spec) -> dict | None:
     msg, d, y = oracle.check(b, spec.workload, ctx.rank, payload, idx, wt, s, ctx.device)
     if agree_error(msg, ctx.group):
         return {"none": f"the base case failed its check: {msg}"}
-    case = make_case(b, timer, ctx, spec, (payload, idx, wt, s), d, y)
-    return views.REGISTRY["graph"].soak(case, spec.soak)
+    case = make_case(b, timer, ctx, spec, (payload, idx, wt, s), d, y, check_on=where)
+    return views.REGISTRY["graph"].soak(case, spec.soak, out_of_time=out_of_time_now)
 
 
 def run_soak(spec, name: str) -> tuple[list[dict], str | None, str | None]:

@@ -162,6 +162,11 @@ class RunSpec:
                         help="after the timed calls, N more calls on freshly drawn tokens and routing (and N replays "
                              "of the graph view's graph), every one checked against the oracle: rare silent "
                              "corruption is FAIL with the calls and rows named (harness/soak.py)")
+    soak_seconds: float = setting(0.0, "--soak-seconds", type=number(0, strict=True, high=MAX_WAIT_S), metavar="S",
+                                  help="the soak's time budget (with --soak): it ends after N calls or S seconds, "
+                                       "whichever comes first; a soak the budget ends with no call corrupted is "
+                                       "BUDGET (exit 3), not FAIL, its bound taken over the calls made",
+                                  write=lambda v: ["--soak-seconds", v] if v else [])
     measure_ceiling: bool = True     # also time a plain all_to_all_single for frac_of_measured (NCCL runs)
     note: str = field(default="", compare=False)  # what placing the ranks wants said (CPU fallback, shared GPUs)
 
@@ -215,6 +220,8 @@ class RunSpec:
         """Bad input raises WorkloadError: a workload whose inputs alone would not fit, whatever the backends, an
         explicitly named backend that cannot take this run, or that would not fit in this machine's memory
         (preflight.py's estimates)."""
+        if self.soak_seconds and not self.soak:
+            raise WorkloadError("--soak-seconds is the budget of a soak: give --soak N too")
         too_big = preflight.workload_problem(self)
         if too_big:
             raise WorkloadError(too_big)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import traceback
 
+import torch
+
 from ..backends import base
 from . import oracle, views
 from .launch import RankContext
@@ -48,13 +50,16 @@ def make_backend(spec, name: str, ctx: RankContext):
     return b, err
 
 
-def make_case(b, timer, ctx, spec, inputs: tuple, d, y) -> views.Case:
+def make_case(b, timer, ctx, spec, inputs: tuple, d, y, check_on=None) -> views.Case:
     """What every view times: the api callables of every phase (the checked dispatch's handle serves the
-    timed combines) and the oracle a graph replay's outputs go through."""
+    timed combines) and the oracle a graph replay's outputs go through (on `check_on`, default the rank's
+    device: the soak checks on the host where ranks share a GPU)."""
     payload, idx, wt, s = inputs
     w = spec.workload
     phases = {"dispatch": lambda: b.dispatch(payload, idx, wt, s), "combine": lambda: b.combine(y, d.handle)}
     phases.update(b.extra_phases(payload, idx, wt))
-    check = lambda dg, yg: (oracle.dispatch_error(dg, w, ctx.rank, ctx.device)  # noqa: E731
-                            or oracle.combine_error(yg, payload, idx, wt, w, s))
+    where = torch.device(check_on) if check_on is not None else ctx.device
+    on = lambda t: t.to(where) if t is not None else None       # noqa: E731
+    check = lambda dg, yg: (oracle.dispatch_error(oracle.moved(dg, where), w, ctx.rank, where)  # noqa: E731
+                            or oracle.combine_error(on(yg), on(payload), on(idx), on(wt), w, on(s)))
     return views.Case(b, timer, spec, ctx.rank, inputs, d, y, phases, check)

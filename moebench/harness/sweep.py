@@ -222,6 +222,7 @@ class SweepState:
         self.max_cases, self.redo_failed = max_cases, redo_failed
         self.n = self.ran = self.skipped = 0
         self.failed: set[str] = set()
+        self.statuses: set[str] = set()               # every record's check status, for the exit code
         self.refused: list[str] = []                    # cases this machine cannot run: "label: why"
         self.done = done_keys(records, redo_failed)
         self.history: list[tuple[int, float]] = []     # (work, seconds) of the cases run
@@ -259,6 +260,7 @@ class SweepState:
         self.ran += 1
         for r in recs:
             print(_summary_line(r), flush=True)
+            self.statuses.add(schema.status(r))
             if schema.status(r) == "FAIL":
                 self.failed.add(label(self.s, case))
 
@@ -376,4 +378,4 @@ def main_sweep(args) -> int:
         print(f"# REFUSED {len(runner.refused)} case(s), the first {runner.refused[0]}", file=sys.stderr)
     if runner.refused and not runner.ran and not runner.skipped:
         return 2                                        # no case of it can run here: bad input for this machine
-    return 1 if runner.failed else 0
+    return schema.exit_code([{"check": {"status": st}} for st in runner.statuses])

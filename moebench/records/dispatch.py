@@ -9,6 +9,7 @@ from .schema import DispatchRecord
 from .shapes import Check, Memory, SharedGpu, Soak, Traffic, binomial_upper
 
 PAYLOAD_OF = {"dispatch": "dispatch", "combine": "combine"}  # phase -> bytes it moves
+BUDGET = "BUDGET"            # a soak its time budget ended with no call corrupted (dispatch exits 3)
 SHARED_NOTE = ("EP ranks are processes sharing GPUs (gloo group, CUDA IPC on one device); their kernels "
                "time-slice, so times are functional only, never performance figures")
 
@@ -58,8 +59,9 @@ def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start
     return recs
 
 
-def soak_of(asked: int, ranks: list[dict], error: str | None, crash: str | None) -> Soak:
-    """One Soak from every rank's counts (harness/soak.py): a call is corrupted when any rank saw it wrong."""
+def soak_of(asked: int, ranks: list[dict], error: str | None, crash: str | None, budget_s: float = 0.0) -> Soak:
+    """One Soak from every rank's counts (harness/soak.py): a call is corrupted when any rank saw it wrong. A soak
+    its time ended (--soak-seconds, or --timeout while its calls still advanced) has `budget`, not `stopped`."""
     done = min((r.get("done", 0) for r in ranks), default=0)
     bad_ids = sorted({i for r in ranks for i in r.get("bad_calls", [])})
     k = len(bad_ids)
@@ -68,18 +70,37 @@ def soak_of(asked: int, ranks: list[dict], error: str | None, crash: str | None)
         summary = f"{k} of {done} calls corrupted ({100 * k / max(done, 1):.2g}%)"
     else:
         summary = f"0 of {done}: < {100 * binomial_upper(0, done):.2g}% at 95%"
-    stopped = None
-    if error or any(r.get("error") for r in ranks):
+    stopped = budget = None
+    if crash == "timeout":
+        budget = {"by": "--timeout", "calls": done, "error": error}
+    elif error or any(r.get("error") for r in ranks):
         why = error or next(r["error"] for r in ranks if r.get("error"))
         stopped = {"call": done, "how": crash or "error", "error": why}
+    elif done < asked or (graph or {}).get("budget") is not None:
+        budget = {"by": "--soak-seconds", "seconds": budget_s, "calls": done}
+    if budget:
+        summary += f"; {done} of {asked} calls when {budget['by']} ran out"
     bad = sorted((b for r in ranks for b in r.get("bad", [])), key=lambda b: (b["call"], b["rank"]))
     return Soak(calls=done, asked=asked, corrupted_calls=k, corrupted_rows=sum(r.get("rows", 0) for r in ranks),
                 corrupted_tokens=sum(r.get("tokens", 0) for r in ranks), first_bad_call=bad_ids[0] if k else None,
-                bad=bad[:20], upper_95=binomial_upper(k, done), summary=summary, graph=graph, stopped=stopped)
+                bad=bad[:20], upper_95=binomial_upper(k, done), summary=summary, graph=graph, stopped=stopped,
+                budget=budget, stage_ms=_stage_ms(ranks, done), checked_on=next(
+                    (r["checked_on"] for r in ranks if r.get("checked_on")), None))
+
+
+def _stage_ms(ranks: list[dict], done: int) -> dict | None:
+    """Milliseconds per call of each stage of a checked call, the slowest rank's (harness/soak.py STAGES)."""
+    if not done:
+        return None
+    stages = {k for r in ranks for k in (r.get("stage_s") or {})}
+    return {k: round(max((r.get("stage_s") or {}).get(k, 0.0) for r in ranks) * 1e3 / done, 3)
+            for k in sorted(stages)} or None
 
 
 def soak_verdict(s: Soak) -> tuple[str, str]:
-    """(PASS | FAIL, why): any corrupted call or replay, or a soak that did not finish, is FAIL."""
+    """(PASS | FAIL | BUDGET, why): any corrupted call or replay, or a soak stopped by a crash, a hang or an error,
+    is FAIL; one its time budget ended with none corrupted is BUDGET (exit 3: the bound holds over the calls
+    made, fewer than asked); else PASS."""
     why = []
     if s.corrupted_calls:
         first = s.bad[0] if s.bad else {}
@@ -93,13 +114,17 @@ def soak_verdict(s: Soak) -> tuple[str, str]:
         why.append(f"graph replays: {g['corrupted']} of {g['replays']} wrong, first {g['first'][0]}")
     if s.stopped:
         why.append(f"soak stopped at call {s.stopped['call']} of {s.asked} ({s.stopped['how']}): {s.stopped['error']}")
-    return ("FAIL", "; ".join(why)) if why else ("PASS", "")
+    if why:
+        return "FAIL", "; ".join(why)
+    if s.budget:
+        return BUDGET, f"soak: {s.summary}" + (f"; graph: {g['replays']} replays" if "replays" in g else "")
+    return "PASS", ""
 
 
 def build_soak(spec, name: str, dedup: bool, ranks: list[dict], error, crash, argv: list[str],
                start: str) -> list[dict]:
     """The soak's record (phase "soak"): its counts, PASS or FAIL with the calls and rows named."""
-    s = soak_of(spec.soak, ranks, error, crash)
+    s = soak_of(spec.soak, ranks, error, crash, spec.soak_seconds)
     status, why = soak_verdict(s)
     shared = SharedGpu(spec.ranks_per_gpu, [], SHARED_NOTE) if spec.ranks_per_gpu > 1 else None
     return [DispatchRecord(

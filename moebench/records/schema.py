@@ -91,6 +91,16 @@ def status(r: dict) -> str | None:
     return (r.get("check") or {}).get("status")
 
 
+EXIT_BUDGET = 3          # a soak its time budget ended before its N calls, none corrupted (no FAIL beside it)
+
+
+def exit_code(records: list[dict]) -> int:
+    """A tool's exit status from its records: 1 when any is FAIL, else 3 when a soak ran out of time (BUDGET),
+    else 0."""
+    found = {status(r) for r in records}
+    return 1 if "FAIL" in found else EXIT_BUDGET if "BUDGET" in found else 0
+
+
 def error(r: dict) -> str:
     return (r.get("check") or {}).get("error") or ""
 

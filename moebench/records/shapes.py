@@ -186,9 +186,12 @@ class Soak:
     summary: str                             # "0 of 2000: < 0.15% at 95%" / "3 of 2000 (0.15%): FAIL"
     graph: dict | None = None                # {replays, corrupted, first} or {none: why}
     stopped: dict | None = None              # {call, how}: the call a crash or hang stopped the soak at
+    budget: dict | None = None               # {by: --soak-seconds | --timeout, calls}: its time ran out first
+    stage_ms: dict | None = None             # ms per checked call by stage, the slowest rank's (harness/soak.py)
+    checked_on: str | None = None            # cpu | cuda: where the oracle ran (the host when ranks share a GPU)
 
     def asdict(self) -> dict:
-        return _compact(self, ("graph", "stopped"))
+        return _compact(self, ("graph", "stopped", "budget", "stage_ms", "checked_on"))
 
 
 MEMORY_KEYS = ("buffers_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "footprint_bytes")

@@ -117,3 +117,19 @@ def test_trace_with_wrong_topk_or_ids_is_rejected(tmp_path):
 def test_bytes_per_token():
     assert small(hidden=7168).bytes_per_token == 2 * 7168
     assert small(hidden=7168, dtype="fp8").bytes_per_token == 7168 + 4 * 56
+
+
+def test_fp8_inputs_are_made_on_the_host_whatever_the_device(monkeypatch):
+    """The oracle quantizes on the host (core/reference.py), so every device must hold the host's fp8 bytes: CUDA
+    divides by a scalar through its reciprocal, and a scale quantized there differs from the host's in the last
+    bit (here: the reciprocal's rounding changes most scales, and some payload bytes with them). 'meta' stands in
+    for a device: the quantizer must see host tensors, and the caller gets the device's."""
+    from moebench.core import workload as wl
+    x = torch.randn(64, 7 * 128).to(torch.bfloat16).float().view(64, 7, 128)
+    amax = x.abs().amax(2).clamp(min=1e-4)
+    assert (amax / 448.0 != amax * (1.0 / 448.0)).any()       # the two roundings do differ on such data
+    seen, real = [], wl.fp8_quantize
+    monkeypatch.setattr(wl, "fp8_quantize", lambda t: (seen.append(t.device.type), real(t))[1])
+    x, idx, wt, q, s = wl.rank_inputs(small(dtype="fp8"), 1, "meta")
+    assert seen == ["cpu"]
+    assert {t.device.type for t in (x, idx, wt, q, s)} == {"meta"}

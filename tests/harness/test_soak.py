@@ -11,11 +11,13 @@ import pytest
 from conftest import ROOT
 from moebench.backends import base
 from moebench.core.workload import Workload
+from moebench.harness import soak
 from moebench.harness.launch import run_ranks
 from moebench.harness.runner import rank_main
 from moebench.harness.soak import soak_main
 from moebench.harness.spec import RunSpec
 from moebench.records import dispatch as records
+from moebench.records import schema
 from moebench.records.shapes import binomial_upper
 
 W = Workload(num_tokens=16, hidden=64, num_experts=8, topk=2, ep=2)
@@ -77,9 +79,56 @@ def test_a_crash_mid_soak_is_fail_with_the_call_and_signal_and_keeps_the_timed_r
 def test_a_soak_still_advancing_is_a_timeout_not_a_hang(tmp_path):
     import time
 
-    from moebench.harness import soak
     (tmp_path / "rank0.json").write_text('{"done": 5}')
     assert soak._advancing(str(tmp_path), 30.0)
     old = time.time() - 60
     os.utime(tmp_path / "rank0.json", (old, old))
     assert not soak._advancing(str(tmp_path), 30.0)
+
+
+@pytest.mark.slow
+def test_a_soak_its_budget_ends_with_none_corrupted_is_budget_exit_3_with_where_its_time_went(tmp_path):
+    out = tmp_path / "r.jsonl"
+    p = subprocess.run([sys.executable, "-m", "moebench.dispatch", "--device", "cpu", "--ep", "2", "--num-tokens",
+                        "16", "--hidden", "64", "--num-experts", "8", "--topk", "2", "--iters", "2", "--backend",
+                        "alltoall", "--views", "api", "--soak", "1000000", "--soak-seconds", "4", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 3, p.stdout + p.stderr
+    rec = [json.loads(line) for line in out.read_text().splitlines()][-1]
+    s = rec["soak"]
+    assert rec["check"]["status"] == "BUDGET" and s["corrupted_calls"] == 0
+    assert 0 < s["calls"] < s["asked"] == 1000000 and s["budget"] == {"by": "--soak-seconds", "seconds": 4.0,
+                                                                        "calls": s["calls"]}
+    assert set(s["stage_ms"]) == set(soak.STAGES) and all(v >= 0 for v in s["stage_ms"].values())
+    assert sum(s["stage_ms"].values()) * s["calls"] / 1e3 <= 4.0 * 1.5 and s["checked_on"] == "cpu"
+    assert f"# soak alltoall: BUDGET 0 of {s['calls']}" in p.stdout and "--soak-seconds ran out" in p.stdout
+
+
+def test_a_soak_the_timeout_cut_while_advancing_is_budget_and_a_crash_is_still_fail():
+    ranks = [{"done": 40, "bad_calls": [], "rows": 0, "tokens": 0}] * 2
+    s = records.soak_of(2000, ranks, "out of time (300 s in)", "timeout")
+    assert records.soak_verdict(s)[0] == "BUDGET" and s.budget["by"] == "--timeout" and s.stopped is None
+    s = records.soak_of(2000, ranks, "rank 1 died", "SIGSEGV")
+    assert records.soak_verdict(s)[0] == "FAIL" and s.budget is None
+    bad = [{"done": 40, "bad_calls": [3], "rows": 1, "tokens": 0, "bad": [{"call": 3, "rank": 0, "rows": [[1, 1]]}]}]
+    assert records.soak_verdict(records.soak_of(2000, bad, "out of time", "timeout"))[0] == "FAIL"
+    assert schema.exit_code([{"check": {"status": "BUDGET"}}, {"check": {"status": "PASS"}}]) == 3
+    assert schema.exit_code([{"check": {"status": "BUDGET"}}, {"check": {"status": "FAIL"}}]) == 1
+
+
+def one_checked_call(ctx):
+    w = Workload(num_tokens=16, hidden=128, num_experts=4, topk=2, ep=1, dtype="fp8")
+    b = base.get("alltoall")(knob_values={"ops_impl": "torch"})
+    b.setup(ctx.group, w, ctx.device)
+    clock = {}
+    return soak.one_call(b, w, 0, ctx.device, "cpu", clock), clock
+
+
+def test_shared_gpu_ranks_check_on_the_host_and_one_call_times_every_stage():
+    from types import SimpleNamespace
+
+    import torch
+    assert soak.check_device(SimpleNamespace(ranks_per_gpu=2, device=torch.device("cuda", 0))).type == "cpu"
+    assert soak.check_device(SimpleNamespace(ranks_per_gpu=1, device=torch.device("cuda", 0))).type == "cuda"
+    [(wrong, clock)] = run_ranks(one_checked_call, 1, "cpu", timeout_s=120)
+    assert wrong is None and set(clock) == set(soak.STAGES) and all(v >= 0 for v in clock.values())

@@ -1,5 +1,6 @@
 """The main job end to end on CPU/gloo, and every bad input: one line, exit 2, no traceback."""
 import json
+import os
 import subprocess
 import sys
 
@@ -90,3 +91,20 @@ def test_bad_input_is_one_line_and_exit_2(argv, msg, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert len(err.splitlines()) == 1 and msg in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_fp8_through_each_cpu_impl_passes_the_oracle(tmp_path, impl):
+    """The fp8 path of every implementation the CPU tier runs (the torch reference; Triton under its
+    interpreter), rows and scales through the oracle, dispatch and combine, as the main job runs it."""
+    out = tmp_path / "r.jsonl"
+    p = subprocess.run([sys.executable, "-m", "moebench.dispatch", "--ep", "2", "--device", "cpu", "--dtype", "fp8",
+                        "--backend", "alltoall", "--ops-impl", impl, "--num-tokens", "24", "--hidden", "256",
+                        "--num-experts", "8", "--topk", "3", "--iters", "1", "--views", "api", "--out", str(out)],
+                       capture_output=True, text=True, timeout=240, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    recs = read_records(out)
+    assert [(r["phase"], r["check"]["status"]) for r in recs] == [("dispatch", "PASS"), ("combine", "PASS")]
+    assert {r["workload"]["dtype"] for r in recs} == {"fp8"}
+    assert {r["backend"]["knobs"]["ops_impl"] for r in recs} == {impl}

@@ -139,9 +139,10 @@ def _graph_view(timer: Timer, us: list[float], rank: int, mode: str, calls: int,
                   calls_per_graph=calls, l2_flush=flushed, mode=mode)
 
 
-def soak(case: Case, replays: int, wait_s: float = 120.0) -> dict:
+def soak(case: Case, replays: int, wait_s: float = 120.0, out_of_time=lambda: False) -> dict:
     """`replays` replays of one captured dispatch + combine pair, its outputs poisoned before each and checked
-    by the oracle after (harness/soak.py): {replays, corrupted, first} or {none: why}. Every rank calls this."""
+    by the oracle after (harness/soak.py): {replays, corrupted, first} or {none: why}; {..., budget: replays
+    made} when out_of_time() (the same answer on every rank) stopped it first. Every rank calls this."""
     timer = case.timer
     plan = case.backend.graph_plan(*case.inputs, case.d, case.y) if timer.cuda else "CPU run: no CUDA graphs"
     if isinstance(plan, str):
@@ -155,6 +156,8 @@ def soak(case: Case, replays: int, wait_s: float = 120.0) -> dict:
         return none(err)
     bad, end = [], torch.cuda.Event()
     for i in range(replays):
+        if out_of_time():
+            return {"replays": i, "corrupted": len(bad), "first": bad[:5], "mode": plan.mode, "budget": i}
         d_g.x_RH.view(torch.uint8).fill_(POISON)
         y_g.view(torch.uint8).fill_(POISON)
         timer.barrier()
