@@ -11,7 +11,7 @@
 #   shared  deepep, deepep-ll and hybridep at EP 2 with 2 ranks sharing the GPU (T 64, H 2048, K 4, E 16), each
 #           soaked with $SOAK (default 2000) calls on fresh routing within $SOAK_SECONDS (default 150) after its
 #           setup: memory rows and soak records with where each call's time went (functional); SHARED_BACKENDS
-#           picks fewer
+#           picks fewer; END (seconds after the script's start) shares what is left of it among the soaks
 #   gputier pytest -m gpu over tests/ with the DeepEP build on the path, timed (goal: under 5 minutes)
 # Usage on the device: MOEBENCH_GIT_SHA=<sha> bash bench/dispatch_h200.sh fp8q build pack shared
 set -uo pipefail
@@ -45,10 +45,13 @@ pack)
   pack_deepep ;;
 shared)
   use_deepep_build
-  B=${SHARED_BACKENDS:-deepep,deepep-ll,hybridep}
-  step "$B: EP 2 on one GPU, memory rows and soaks of ${SOAK:-2000} calls within ${SOAK_SECONDS:-150} s each"
-  timeout "${SHARED_TIMEOUT:-590}" $D --ep 2 --ranks-per-gpu 2 --backend "$B" --num-tokens 64 --hidden 2048 \
-    --num-experts 16 --topk 4 --iters 20 --soak "${SOAK:-2000}" --soak-seconds "${SOAK_SECONDS:-150}" \
+  B=${SHARED_BACKENDS:-deepep-ll,deepep,hybridep}; nb=$(( $(tr -cd , <<<"$B" | wc -c) + 1 ))
+  left=$(( ${END:-100000} - $(date +%s) + t0 )); wall=$(( left < ${SHARED_TIMEOUT:-590} ? left : ${SHARED_TIMEOUT:-590} ))
+  ss=${SOAK_SECONDS:-$(( (wall - 50 * nb) / nb ))}; ss=$(( ss > 150 ? 150 : ss ))
+  if [ "$ss" -lt 20 ]; then echo "# shared: $wall s left, too little for $nb soaks"; continue; fi
+  step "$B: EP 2 on one GPU, memory rows and soaks of ${SOAK:-2000} calls within $ss s each ($wall s left)"
+  timeout "$wall" $D --ep 2 --ranks-per-gpu 2 --backend "$B" --num-tokens 64 --hidden 2048 \
+    --num-experts 16 --topk 4 --iters 20 --views api,graph --soak "${SOAK:-2000}" --soak-seconds "$ss" \
     --timeout 400 --out "$OUT/dispatch-shared-soak-h200.jsonl"
   echo "dispatch rc=$? (3: a soak ran out of its budget with nothing corrupted)" ;;
 gputier)
