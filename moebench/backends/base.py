@@ -24,6 +24,8 @@ REGISTRY: dict[str, str] = {
     "deepep": "moebench.backends.deepep:DeepEPBackend",
     "deepep-ll": "moebench.backends.deepep_ll:DeepEPLowLatencyBackend",
     "hybridep": "moebench.backends.hybridep:HybridEPBackend",
+    "ncclep": "moebench.backends.ncclep:NcclEPBackend",
+    "deepep-v2": "moebench.backends.deepep_v2:DeepEPV2Backend",
     "mcore-alltoall": "moebench.backends.mcore:McoreAlltoallBackend",
     "mcore-deepep": "moebench.backends.mcore:McoreDeepEPBackend",
     "mcore-hybridep": "moebench.backends.mcore:McoreHybridEPBackend",

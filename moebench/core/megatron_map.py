@@ -28,6 +28,9 @@ class MegatronBackend:
     missing_hint: str = ""                     # why have_flag is False, and what to install
     default_sms: str | None = None             # Megatron's SM count when none is given
     domain_env: str | None = None              # env var for the GPUs per NVLink domain
+    requires: str = ""                         # what Megatron needs beside the flags (said with them)
+    since: tuple[int, int] = (0, 0)            # the first megatron-core minor version that has it
+    has_mcore: bool = True                     # moebench runs it through Megatron-Core's classes (mcore-NAME)
 
     @property
     def flex(self) -> bool:
@@ -54,8 +57,32 @@ BACKENDS = {b.name: b for b in (
                                  "install DeepEP's hybrid-ep branch",
                     default_sms="16 (0.16/0.17) or DeepEP's default (0.18+)",
                     domain_env="NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"),
+    # no have_flag: fused_a2a reaches NCCL EP only through Transformer Engine (checked when it is asked for)
+    MegatronBackend("ncclep", "flex", "MoEFlexTokenDispatcher", "_NCCLEPManager", package="transformer_engine",
+                    since=(0, 19), has_mcore=False, default_sms="0: NCCL EP's own (high-throughput 16)",
+                    requires="Transformer Engine 2.18 built with NCCL EP (transformer_engine.pytorch.ep; "
+                             "NVTE_WITH_NCCL_EP, on by default for sm_90+) over NCCL >= 2.30.4, and "
+                             "--moe-expert-rank-capacity-factor (Megatron asserts it: overflow traps, nothing is "
+                             "dropped); TP x EP > 1"),
 )}
+NO_PATH = {  # moebench backends that no Megatron-Core release can run, and why (said instead of flags)
+    "deepep-v2": "megatron-core (0.19 and before) has no path to DeepEP V2 (ElasticBuffer): its flex backends are deepep, hybridep "
+                 "and ncclep; `deepepv2` exists only on Megatron-LM's dev branch (NVIDIA/Megatron-LM PR #4793)",
+}
 FLEX = tuple(n for n, b in BACKENDS.items() if b.flex)
+
+
+def te_nccl_ep() -> bool:
+    """Transformer Engine with its NCCL EP module (transformer_engine/pytorch/ep.py), read from its files: the only
+    way megatron-core's ncclep reaches NCCL EP (importing TE here would be slow and may crash)."""
+    import importlib.util
+    import os
+    try:
+        spec = importlib.util.find_spec("transformer_engine")
+    except (ImportError, ValueError):
+        return False
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    return any(os.path.isfile(os.path.join(r, "pytorch", "ep.py")) for r in roots)
 
 
 def megatron_name(backend: str) -> str:
@@ -67,5 +94,5 @@ def families() -> dict[str, tuple[str, dict[str, str]]]:
     """A/B family -> (control record name, {candidate record name: Megatron backend}); the raw
     backends and the mcore-* ones are never mixed in one A/B."""
     cands = [b for b in BACKENDS.values() if b.name != CONTROL]
-    return {"mcore": (BACKENDS[CONTROL].mcore, {b.mcore: b.name for b in cands}),
+    return {"mcore": (BACKENDS[CONTROL].mcore, {b.mcore: b.name for b in cands if b.has_mcore}),
             "raw": (CONTROL, {b.name: b.name for b in cands})}

@@ -11,8 +11,8 @@ Then for rank r:
 Combine sends the same pairs back, always in bf16. Per-rank figures are averaged over ranks and the
 time t is the per-iteration max over ranks (timing.py), so a slow rank slows everybody's figure.
 
-Upstream byte rules (upstream_bytes), named figures beside moebench/1, as DeepEP's and HybridEP's
-own tests (branch hybrid-ep) count them, so a record can be set beside their tables:
+Upstream byte rules (upstream_bytes), named figures beside moebench/1, as DeepEP's, HybridEP's and NCCL EP's
+own tests count them (DeepEP V1/HybridEP: branch hybrid-ep), so a record can be set beside their tables:
   deepep_rdma_bytes    tests/test_internode.py: (token, node) pairs sent, the sender's own node
                        included (num_rdma_token_sent), x 2H; dispatch fp8 x (1 + 4/128)/2
   deepep_ll_bytes      tests/test_low_latency.py: per routed (token, k) slot (-1 excluded), dispatch
@@ -20,6 +20,12 @@ own tests (branch hybrid-ep) count them, so a record can be set beside their tab
   hybridep_rdma_bytes  tests/test_hybrid_ep.py: count_rdma_send_from_routing_map (the same (token, node)
                        pairs, local node kept "to align with DeepEP") x 2H x fp8 factor, and its combine
                        reuses the dispatch figure, fp8 factor included
+  ncclep_ll_bytes      NCCL EP's ep_bench, low-latency (since nccl-extensions 412ac5f): dispatch = (token,
+                       destination rank) messages x payload (its FWD fp8: rows + scales), combine = valid (token, k)
+                       selections x 2H; its high-throughput rule counts received (source rank, token) pairs, own rank
+                       included, x payload: moebench's algbw bytes, so it has no figure of its own
+  deepep_v2_bytes      DeepEP V2's tests/elastic/test_ep.py: received (token, rank) rows, local included, x what
+                       each carries: dispatch payload + top-k ids (int64) + weights (fp32), combine 2H + weights
 The RDMA figures exist only when the run spans nodes (their tests print them only then). A node is
 gpus_per_node ranks: DeepEP's internode mode needs 8 (NUM_MAX_NVL_PEERS); HybridEP's is its NVLink
 domain, which the hybridep backend records in its knobs.
@@ -109,11 +115,14 @@ LL_FP8_SLOT_EXTRA = 16          # bytes of metadata per low-latency fp8 message 
 
 
 def upstream_bytes(t: Traffic, w: Workload, phase: str) -> dict[str, float]:
-    """Mean-over-ranks bytes of a phase ('dispatch' or 'combine') by DeepEP's and HybridEP's own rules
+    """Mean-over-ranks bytes of a phase ('dispatch' or 'combine') by DeepEP's, HybridEP's and NCCL EP's own rules
     (module docstring); the RDMA figures only when the ranks span more than one node."""
     H, dispatch = w.hidden, phase == "dispatch"
     slots = t.slots_SD.sum().item() / t.world
-    out = {"deepep_ll_bytes": slots * ((H + H // 128 * 4 + LL_FP8_SLOT_EXTRA) if dispatch else 2 * H)}
+    pairs = t.pairs_SD.sum().item() / t.world
+    out = {"deepep_ll_bytes": slots * ((H + H // 128 * 4 + LL_FP8_SLOT_EXTRA) if dispatch else 2 * H),
+           "ncclep_ll_bytes": pairs * w.bytes_per_token if dispatch else slots * 2 * H,
+           "deepep_v2_bytes": pairs * ((w.bytes_per_token + 12 * w.topk) if dispatch else (2 * H + 4 * w.topk))}
     if t.world > t.gpus_per_node and t.node_pairs_S is not None:
         node_pairs = t.node_pairs_S.double().mean().item()
         out["deepep_rdma_bytes"] = node_pairs * (w.bytes_per_token if dispatch else 2 * H)

@@ -187,7 +187,7 @@ def _ineligible(s: Summary) -> dict:
 
 
 def decisions_from_results(records: list[dict], version: str, overlap: bool = False, num_sms: int | None = None,
-                           min_gain: float = 0.0, view: str = "api") -> list[dict]:
+                           min_gain: float = 0.0, view: str = "api", capacity_factor: float = 1.5) -> list[dict]:
     """One decision (A/B + flags) per matched workload group in a results file."""
     groups: dict[str, list[dict]] = {}
     for r in records:
@@ -210,7 +210,7 @@ def decisions_from_results(records: list[dict], version: str, overlap: bool = Fa
         ov = _overlap_verdict(recs, d) if overlap else None
         flags = megatron_flags(d["winner"], version, sms if BACKENDS[d["winner"]].flex else None,
                                bool(ov and ov["on"]), ep=w["ep"], ranks_per_nvlink_domain=domain,
-                               domain_found=w.get("gpus_per_node"))
+                               domain_found=w.get("gpus_per_node"), capacity_factor=capacity_factor)
         if ov:
             flags.notes.insert(0, ("overlap on: " if ov["on"] else "overlap not emitted: ") + ov["why"])
         for k, v in best.get(d["winner_record"], {}).items():   # env knobs of the swept best setting

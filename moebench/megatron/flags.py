@@ -48,14 +48,19 @@ class FlagSet:
 
 def megatron_flags(backend: str, version: str, num_sms: int | None = None, overlap: bool = False,
                    ep: int | None = None, ranks_per_nvlink_domain: int | None = None, tp: int = 1,
-                   domain_found: int | None = None) -> FlagSet:
+                   domain_found: int | None = None, capacity_factor: float = 1.5) -> FlagSet:
     """The Megatron-LM flags, Megatron-Bridge overrides (and its performance harness's form) and env for one
     dispatcher backend. ep / tp: the training run's, where known; domain_found: the ranks per NVLink domain
     found on the target machine, where known."""
     backend = megatron_map.megatron_name(backend)
+    if backend in megatron_map.NO_PATH:
+        raise FlagsError(megatron_map.NO_PATH[backend])
     if backend not in BACKENDS:
         raise FlagsError(f"no Megatron setting for backend {backend!r} (known: {', '.join(BACKENDS)})")
     mb = BACKENDS[backend]
+    if parse_version(version) < mb.since:
+        raise FlagsError(f"megatron-core {version} has no {backend} dispatcher (it came in "
+                         f"{'.'.join(map(str, mb.since))})")
     if num_sms is not None and num_sms < 1:
         raise FlagsError(f"--num-sms must be >= 1, got {num_sms}")
     check_parallelism(mb, ep, tp, ranks_per_nvlink_domain, domain_found)
@@ -81,6 +86,14 @@ def megatron_flags(backend: str, version: str, num_sms: int | None = None, overl
             else:
                 f.notes.append(f"set {mb.domain_env} to the GPUs per NVLink domain "
                                f"if {backend}'s detection is wrong (not known here)")
+        if backend == "ncclep":
+            f.megatron_lm += ["--moe-expert-rank-capacity-factor", f"{capacity_factor:g}"]
+            f.megatron_bridge.append(f"model.moe_expert_rank_capacity_factor={capacity_factor:g}")
+            f.notes.append(f"capacity factor {capacity_factor:g}: each rank receives room for tokens x top-k x it "
+                           "rows; NCCL EP traps on overflow, so it must cover the busiest rank's (token, expert) "
+                           "rows over tokens x top-k")
+        if mb.requires:
+            f.notes.append(f"{backend} needs {mb.requires}")
         f.notes.append("recommended with flex: --moe-router-dtype fp32 (model.moe_router_dtype=fp32); "
                        "DeepEP/HybridEP take fp32 probs and cast otherwise")
         f.notes.append("flex does not support --moe-shared-expert-overlap (Bridge turns it off)")

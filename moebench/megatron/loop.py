@@ -74,6 +74,10 @@ def environment(args, dispatcher: str, num_experts: int) -> tuple[str, int]:
         where = place("cpu" if cpu else "cuda", world, rpg, joined, ngpu)
     except PlacementError as e:
         raise FlagsError(str(e)) from None
+    if dispatcher == "ncclep":
+        raise FlagsError("the quick loop runs megatron-core's dispatchers through moebench's mcore-* backends, and "
+                         "there is no mcore-ncclep (megatron-core reaches NCCL EP through Transformer Engine): validate "
+                         "ncclep with --megatron-lm (Megatron-LM's own pretrain_gpt.py)")
     if BACKENDS[dispatcher].flex:
         if world < 2:
             raise FlagsError(f"--dispatcher {dispatcher} needs EP >= 2 (Megatron's flex dispatcher asserts TPxEP > 1)")

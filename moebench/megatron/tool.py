@@ -82,6 +82,8 @@ def _flags_parser(sub) -> None:
     f.add_argument("--tp", type=cli.count(), default=1, help="TP of the training run (--backend mode, default 1)")
     f.add_argument("--ranks-per-nvlink-domain", type=cli.count(),
                    help="GPUs per NVLink domain for HybridEP's env (--backend mode)")
+    f.add_argument("--capacity-factor", type=cli.number(0, strict=True, high=1e6), default=1.5,
+                   help="ncclep: --moe-expert-rank-capacity-factor to emit (default 1.5; NCCL EP traps on overflow)")
     f.add_argument("--min-gain", type=MIN_GAIN, default=0.0,
                    help="also require the gain to exceed this fraction of alltoall's time (default 0)")
     f.add_argument("--view", choices=SAMPLED_VIEWS, default="api",
@@ -170,10 +172,11 @@ def cmd_flags(args) -> int:
             raise F.FlagsError(f"--results {e}") from None
         if not (recs := performance_only(recs, "megatron flags")):
             raise F.FlagsError(f"every record in {args.results} is {FUNCTIONAL_NOTE}: measure on the target GPUs")
-        decisions = ab.decisions_from_results(recs, version, args.overlap, args.num_sms, args.min_gain, args.view)
+        decisions = ab.decisions_from_results(recs, version, args.overlap, args.num_sms, args.min_gain, args.view,
+                                              args.capacity_factor)
     else:
         fs = F.megatron_flags(args.backend, version, args.num_sms, args.overlap, args.ep, args.ranks_per_nvlink_domain,
-                              tp=args.tp)
+                              tp=args.tp, capacity_factor=args.capacity_factor)
         decisions = [{"workload": None, "device": None, "family": None, "control": None, "candidates": [],
                       "winner": fs.backend, "winner_record": None, "reason": "requested with --backend",
                       "flags": fs.asdict()}]

@@ -5,10 +5,11 @@ from moebench.megatron import flags
 
 
 def test_table_matches_megatron_values():
-    assert list(BACKENDS) == ["alltoall", "deepep", "hybridep"] and megatron_map.FLEX == ("deepep", "hybridep")
+    assert list(BACKENDS) == ["alltoall", "deepep", "hybridep", "ncclep"]
+    assert megatron_map.FLEX == ("deepep", "hybridep", "ncclep")
     assert megatron_map.megatron_name("mcore-hybridep") == "hybridep" and BACKENDS["deepep"].mcore == "mcore-deepep"
     fam = megatron_map.families()
-    assert fam["raw"] == ("alltoall", {"deepep": "deepep", "hybridep": "hybridep"})
+    assert fam["raw"] == ("alltoall", {"deepep": "deepep", "hybridep": "hybridep", "ncclep": "ncclep"})
     assert fam["mcore"] == ("mcore-alltoall", {"mcore-deepep": "deepep", "mcore-hybridep": "hybridep"})
 
 

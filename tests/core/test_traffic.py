@@ -98,4 +98,14 @@ def test_upstream_rdma_only_across_nodes():
     assert d["deepep_rdma_bytes"] == pytest.approx(4 * 16)   # per rank: 1 + 2 + 1 (token, node) pairs x 2H
     one_node = w.replace(gpus_per_node=4)
     d1 = traffic.upstream_bytes(traffic.traffic_of([idx] * 4, one_node), one_node, "dispatch")
-    assert set(d1) == {"deepep_ll_bytes"}
+    assert set(d1) == {"deepep_ll_bytes", "ncclep_ll_bytes", "deepep_v2_bytes"}
+
+
+def test_ncclep_ll_and_deepep_v2_rules_tell_pairs_from_slots():
+    """Per rank: token 0 -> experts 0, 1 (both rank 0: 1 pair, 2 slots), token 1 -> ranks 1 and 3, token 2 -> rank 2:
+    4 (token, rank) pairs and 5 (token, k) slots; 2H = 16 bytes, K = 2."""
+    w = w4()
+    t = traffic.traffic_of([torch.tensor([[0, 1], [2, 7], [-1, 5]])] * 4, w)
+    d, c = traffic.upstream_bytes(t, w, "dispatch"), traffic.upstream_bytes(t, w, "combine")
+    assert d["ncclep_ll_bytes"] == 4 * 16 and c["ncclep_ll_bytes"] == 5 * 16       # messages; selections
+    assert d["deepep_v2_bytes"] == 4 * (16 + 12 * 2) and c["deepep_v2_bytes"] == 4 * (16 + 4 * 2)

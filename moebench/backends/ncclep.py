@@ -1,0 +1,275 @@
+"""`ncclep`: NVIDIA's NCCL EP (`nccl.ep` from the nccl-extensions wheel), the dispatcher Megatron-Core 0.19 reaches
+as `--moe-flex-dispatcher-backend ncclep` through Transformer Engine. Knob `mode`: `ht` (high-throughput, training
+batches) or `ll` (low-latency, decode batches); `--num-sms` is the group's max_num_sms (0: NCCL EP's default).
+
+ht: a HIGH_THROUGHPUT group and an EXPERT_MAJOR handle. The handle's routing exchange (create_handle, then update
+per routing: an all-gather of the routing) fills the per-local-expert row counts; dispatch writes one row per
+(token, local expert), grouped by expert, with that slot's routing weight; moebench applies the weights to the
+expert outputs and combine sums each token's rows back. The receive buffers are sized from the counts (the group's
+max_recv_tokens_per_rank left to NCCL_EP_AUTO): one host wait per routing, as a training step pays.
+ll: a LOW_LATENCY group and an EXPERT_MAJOR handle: dispatch fills [L, R*T, H] slots with per-expert counts (as
+DeepEP's low-latency mode); moebench gathers the received rows, and combine writes the expert outputs back into
+their slots and weighs them in the kernel (CombineOutputs.topk_weights).
+fp8 (both modes): the caller's e4m3 rows and fp32 scales forwarded byte for byte (DispatchQuantizationRecipe.FWD),
+so the oracle checks them bit for bit.
+
+Timing, as NCCL EP's ep_bench: its timed loop runs dispatch and combine with the handle's routing bound before it
+("update_fn() is excluded from timed iters"): the `cached` view; `api` adds the update and the host wait. Its byte
+rules (traffic.upstream_bytes): ht counts received (source rank, token) pairs, own rank included, x payload, which
+is moebench's algbw; ll (since nccl-extensions 412ac5f) counts dispatch as (token, destination rank) messages and
+combine as valid (token, k) selections, x payload (`ncclep_ll_bytes`). `graph`: ll bf16 (no host sync); ht sizes
+its outputs from the counts, and NCCL EP refuses to capture a dispatch without a fixed receive budget.
+
+Legend: T tokens, H hidden, K top-k, L local experts, R ranks (ll slots) or grouped rows, S scale columns.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from ..core.reference import expert_factors
+from ..core.workload import WorkloadError
+from ..env.toolkit import dist_version, installed
+from .base import Backend, Dispatched, GraphPlan, Knob, Unavailable
+from .nccl_family import native_output, require_nccl, share_gpu
+
+MODES = ("ht", "ll")
+HT_MAX_TOKENS = 8192          # MAX_SUPPORTED_TOKENS_PER_RANK (nccl_ep include/common.hpp, RELEASE.md)
+LL_MAX_TOPK = 32              # MAX_NUM_TOPK
+INSTALL = ("pip install 'nccl-extensions[cu13]' (nccl.ep; it runs on the libnccl the process loaded, which must be "
+           "NCCL >= 2.30.4)")
+
+
+@dataclass
+class _Handle:
+    native: object                 # nccl.ep.Handle, bound to this dispatch's routing
+    weights_R: torch.Tensor | None = None   # ht: each received row's routing weight
+    rows_R: torch.Tensor | None = None      # ll: flat [L*R*T] slot of each grouped row
+    topk_idx: torch.Tensor | None = None    # ll: combine weighs in the kernel
+    topk_w: torch.Tensor | None = None
+
+
+class NcclEPBackend(Backend):
+    name = "ncclep"
+    dedup = True                   # ht and ll dispatch send one message per (token, destination rank)
+    supports_fp8 = True
+    KNOBS = {"mode": Knob(choices=MODES), "num_sms": Knob(low=1)}
+    comm_kernels = ("dispatch", "combine")     # ep_bench's kernel-time names (CUPTI): NCCL EP's JIT kernels
+    no_graph_view = ("ht sizes its receive buffers from the handle's counts (max_recv_tokens_per_rank AUTO), and NCCL "
+                     "EP refuses to capture such a dispatch")
+
+    @classmethod
+    def available(cls):
+        return (True, "") if installed("nccl.ep") else (False, f"nccl-extensions not installed; {INSTALL}")
+
+    @classmethod
+    def version(cls):
+        return dist_version("nccl-extensions") or ""
+
+    @classmethod
+    def cpu_problem(cls, knob_values):
+        return "NCCL EP runs on CUDA GPUs only (its kernels are compiled for the GPU at run time)"
+
+    @classmethod
+    def buffer_bytes(cls, w):
+        """ht: received rows (one per (token, local expert)) at worst; ll: the slots of dispatch and of combine."""
+        rows = w.ep * w.num_tokens
+        return rows * min(w.topk, w.local_experts) * w.bytes_per_token + rows * w.local_experts * 2 * w.hidden
+
+    @property
+    def mode(self) -> str:
+        return self.knob_values.get("mode", "ht")
+
+    def validate(self, w, world):
+        super().validate(w, world)
+        row_bytes = w.hidden * (1 if w.dtype == "fp8" else 2)
+        if row_bytes % 16:
+            raise WorkloadError(f"ncclep moves rows in 16-byte words: {w.dtype} rows of --hidden {w.hidden} are "
+                                f"{row_bytes} bytes")
+        if w.dtype == "fp8" and (w.hidden // 128) % 4:
+            raise WorkloadError(f"ncclep forwards fp8 scales in 16-byte rows: --hidden must be a multiple of 512, got "
+                                f"{w.hidden}")
+        if self.mode == "ht":
+            if w.num_tokens > HT_MAX_TOKENS:
+                raise WorkloadError(f"ncclep ht takes at most {HT_MAX_TOKENS} tokens per rank, got {w.num_tokens}")
+            team = min(world, w.gpus_per_node)
+            if (w.local_experts * team) % 4:
+                raise WorkloadError(f"ncclep ht needs the experts of a node ({w.local_experts} local x {team} ranks) to "
+                                    "be a multiple of 4")
+        else:
+            if w.topk > LL_MAX_TOPK:
+                raise WorkloadError(f"ncclep ll takes --topk <= {LL_MAX_TOPK}, got {w.topk}")
+            if w.hidden % 128:
+                raise WorkloadError(f"ncclep ll combines rows of --hidden divisible by 128, got {w.hidden}")
+            sms = self.knob_values.get("num_sms")
+            if sms and -(-w.num_experts // sms) > 14:
+                raise WorkloadError(f"ncclep ll needs --num-sms >= {-(-w.num_experts // 14)} for {w.num_experts} "
+                                    f"experts (at most 14 warp groups per SM), got {sms}")
+
+    def setup(self, group, w, device):
+        super().setup(group, w, device)
+        self.nccl = require_nccl("ncclep (NCCL EP)")
+        shared = share_gpu(self.ranks_per_gpu)
+        if shared:
+            self.bypassed.append(shared)
+        try:
+            import nccl.ep as ep
+            from nccl.ep.interop.torch import get_nccl_comm_from_group
+        except Exception as e:  # noqa: BLE001 - any import failure: this run cannot use it
+            raise Unavailable(f"import nccl.ep failed: {type(e).__name__}: {e}; {INSTALL}") from e
+        self.ep, self.world = ep, torch.distributed.get_world_size(group)
+        self.fp8 = w.dtype == "fp8"
+        cfg = ep.GroupConfig(
+            algorithm=ep.Algorithm.HIGH_THROUGHPUT if self.mode == "ht" else ep.Algorithm.LOW_LATENCY,
+            num_experts=w.num_experts, max_dispatch_tokens_per_rank=w.num_tokens,
+            max_token_bytes=w.bytes_per_token, max_num_sms=int(self.knob_values.get("num_sms") or 0), num_topk=w.topk)
+        with native_output("ncclep: NCCL communicator and EP group"):
+            self.comm = get_nccl_comm_from_group(group)
+            self.group_ep = ep.Group.create(self.comm, cfg)
+        self.handle, self.first = None, True
+        L = w.local_experts
+        if self.mode == "ht":
+            self.counts = torch.zeros(L, dtype=torch.int64, device=device)
+            self.total = torch.zeros(1, dtype=torch.int64, device=device)
+        else:
+            slots = (L, self.world * w.num_tokens)
+            self.counts = torch.zeros(L, dtype=torch.int32, device=device)
+            self.recv = torch.empty(*slots, w.hidden, dtype=torch.float8_e4m3fn if self.fp8 else torch.bfloat16,
+                                    device=device)
+            self.recv_s = torch.empty(*slots, w.hidden // 128, dtype=torch.float32, device=device) if self.fp8 else None
+            self.combine_in = torch.empty(*slots, w.hidden, dtype=torch.bfloat16, device=device)
+
+    def knobs(self):
+        return {**super().knobs(), "mode": self.mode, "libnccl": getattr(self, "nccl", None),
+                "nccl_ep_lib": str(self.ep.get_lib_version()) if hasattr(self, "ep") else None}
+
+    # -------------------------------------------------------------------- calls
+    def _stream(self):
+        return torch.cuda.current_stream().cuda_stream if self.device.type == "cuda" else None
+
+    def _native(self, what: str):
+        """The first dispatch and combine compile NCCL EP's kernels: their native output is kept for the error."""
+        if self.first:
+            return native_output(f"ncclep's first {what} (NCCL EP compiles its kernels)")
+        return contextlib.nullcontext()
+
+    def _bind(self, idx_TK):
+        """The handle's routing: created once, then updated (the routing exchange); ht fills the counts."""
+        T, info = self.ep.Tensor, None
+        if self.mode == "ht":
+            info = self.ep.LayoutInfo(expert_counters=T(self.counts), recv_total_counter=T(self.total))
+        idx = T(idx_TK.to(torch.int64).contiguous())
+        if self.handle is None:
+            self.handle = self.group_ep.create_handle(self.ep.Layout.EXPERT_MAJOR, idx, layout_info=info,
+                                                      stream=self._stream())
+        else:
+            self.handle.update(idx, layout_info=info, stream=self._stream())
+        self._idx = idx                           # the bound routing's tensor outlives the call
+
+    def _config(self):
+        q = self.ep.DispatchQuantizationRecipe.FWD if self.fp8 else self.ep.DispatchQuantizationRecipe.NONE
+        return self.ep.DispatchConfig(quantization_recipe=q)
+
+    def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
+        with self._native("dispatch"):
+            self._bind(topk_idx_TK)
+            if self.mode == "ht":
+                counts = [int(c) for c in self.counts.tolist()]          # the one host wait
+                return self._ht(x_TH, topk_w_TK, scales_TS, counts)
+            d = self._ll(x_TH, topk_idx_TK, topk_w_TK, scales_TS, None)
+        return d
+
+    def _ht(self, x_TH, topk_w_TK, scales_TS, counts):
+        T, n = self.ep.Tensor, sum(counts)
+        rows = x_TH.new_empty(n, x_TH.shape[1])
+        weights = torch.empty(n, dtype=torch.float32, device=x_TH.device)
+        scales = scales_TS.new_empty(n, scales_TS.shape[1]) if scales_TS is not None else None
+        self.handle.dispatch(
+            self.ep.DispatchInputs(tokens=T(x_TH), topk_weights=T(topk_w_TK.float().contiguous()),
+                                   scales=T(scales_TS) if scales_TS is not None else None),
+            self.ep.DispatchOutputs(tokens=T(rows), topk_weights=T(weights), scales=T(scales) if scales is not None else None),
+            config=self._config(), stream=self._stream())
+        return Dispatched(rows, counts, _Handle(self.handle, weights_R=weights), scales)
+
+    def _ll(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, rows_R):
+        T = self.ep.Tensor
+        self.handle.dispatch(
+            self.ep.DispatchInputs(tokens=T(x_TH), scales=T(scales_TS) if scales_TS is not None else None),
+            self.ep.DispatchOutputs(tokens=T(self.recv), scales=T(self.recv_s) if self.fp8 else None),
+            layout_info=self.ep.LayoutInfo(expert_counters=T(self.counts)), config=self._config(),
+            stream=self._stream())
+        M = self.recv.shape[1]
+        if rows_R is None:           # which slots hold rows: from the counts (one host wait); combine needs none
+            mask = torch.arange(M, device=self.recv.device)[None, :] < self.counts[:, None]
+            rows_R = mask.view(-1).nonzero().squeeze(1)
+        counts = [int(c) for c in self.counts.tolist()]
+        scales = self.recv_s.flatten(0, 1)[rows_R] if self.fp8 else None
+        return Dispatched(self.recv.flatten(0, 1)[rows_R], counts,
+                          _Handle(self.handle, rows_R=rows_R, topk_idx=topk_idx_TK, topk_w=topk_w_TK.float()), scales)
+
+    def combine(self, y_RH, handle: _Handle):
+        with self._native("combine"):
+            out = self._combine(y_RH, handle)
+        self.first = False
+        return out
+
+    def _combine(self, y_RH, h: _Handle):
+        T = self.ep.Tensor
+        out = torch.empty(self.w.num_tokens, self.w.hidden, dtype=torch.bfloat16, device=y_RH.device)
+        if self.mode == "ht":
+            weighted = (y_RH.float() * h.weights_R[:, None]).to(torch.bfloat16)
+            h.native.combine(self.ep.CombineInputs(tokens=T(weighted)), self.ep.CombineOutputs(tokens=T(out)),
+                             stream=self._stream())
+        else:
+            self.combine_in.view(-1, self.w.hidden)[h.rows_R] = y_RH[: h.rows_R.shape[0]]
+            h.native.combine(self.ep.CombineInputs(tokens=T(self.combine_in)),
+                             self.ep.CombineOutputs(tokens=T(out), topk_weights=T(h.topk_w.contiguous())),
+                             stream=self._stream())
+        return out
+
+    def cached_phases(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
+        """ep_bench's timed dispatch: the handle keeps the checked dispatch's routing (no update, no host wait: the
+        counts are known), then the same outputs; combine is the api call."""
+        h: _Handle = d.handle
+        counts = list(d.tokens_per_expert)
+        if self.mode == "ht":
+            dispatch = lambda: self._ht(x_TH, topk_w_TK, scales_TS, counts)            # noqa: E731
+        else:
+            dispatch = lambda: self._ll(x_TH, topk_idx_TK, topk_w_TK, scales_TS, h.rows_R)   # noqa: E731
+        return {"dispatch": dispatch, "combine": lambda: self._combine(y_RH, h)}
+
+    def graph_plan(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
+        """ll bf16: dispatch into the slots, the correctness expert on the slots (captured between), combine of those
+        slots: no host sync. ht has none (no_graph_view); ll fp8's expert outputs would need dequantizing per slot."""
+        if self.mode == "ht":
+            return self.no_graph_view
+        if self.fp8:
+            return "ll fp8: the expert outputs are not a multiply of the received slots (fp8 with scales)"
+        h: _Handle = d.handle
+        factor = expert_factors(torch.distributed.get_rank(self.group), self.w, self.device, torch.bfloat16)
+        T = self.ep.Tensor
+
+        def dispatch():
+            self.handle.dispatch(self.ep.DispatchInputs(tokens=T(x_TH)), self.ep.DispatchOutputs(tokens=T(self.recv)),
+                                 layout_info=self.ep.LayoutInfo(expert_counters=T(self.counts)), stream=self._stream())
+            return Dispatched(self.recv.flatten(0, 1)[h.rows_R], d.tokens_per_expert, h)
+
+        def between(dg):
+            torch.mul(self.recv, factor[:, None, None], out=self.combine_in)
+
+        def combine(dg):
+            out = torch.empty(self.w.num_tokens, self.w.hidden, dtype=torch.bfloat16, device=self.device)
+            self.handle.combine(self.ep.CombineInputs(tokens=T(self.combine_in)),
+                                self.ep.CombineOutputs(tokens=T(out), topk_weights=T(h.topk_w.contiguous())),
+                                stream=self._stream())
+            return out
+        return GraphPlan("ll: dispatch + combine into fixed slots (no host sync), captured as a pair", dispatch, combine,
+                         between)
+
+    def teardown(self):
+        for obj in (getattr(self, "handle", None), getattr(self, "group_ep", None)):
+            if obj is not None:
+                obj.destroy()
+        self.handle = self.group_ep = None

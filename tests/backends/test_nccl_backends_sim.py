@@ -1,0 +1,115 @@
+"""ncclep and deepep-v2 against the oracle on CPU/gloo ranks, with stand-ins of nccl.ep (tests/fakes/nccl) and of
+DeepEP V2 (tests/fakes/deep_ep_v2) that keep the libraries' real signatures: both modes, bf16 and fp8, the cached
+view's calls, the byte rules, the NCCL gate and the last lines of a failed kernel compile."""
+import pytest
+import torch
+
+from conftest import FAKES
+from moebench.backends import Unavailable, get
+from moebench.backends.nccl_family import NativeFailure
+from moebench.core import reference, traffic, workload
+from moebench.core.workload import Workload
+from moebench.harness.launch import run_ranks
+from moebench.harness.oracle import check
+
+NCCL_2307 = {"path": "/opt/nccl/lib/libnccl.so.2", "version": "2.30.7"}
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    """The stand-ins on the spawned ranks' path (they inherit sys.path and the environment)."""
+    monkeypatch.syspath_prepend(str(FAKES))                  # nccl.ep's stand-in (and DeepEP V1's, hidden by:)
+    monkeypatch.syspath_prepend(str(FAKES / "deep_ep_v2"))
+    for var in ("FAKE_NCCL_EP_JIT_FAIL", "FAKE_DEEP_EP_V2_JIT_FAIL", "FAKE_DEEP_EP_V2_NCCL", "NCCL_MULTI_RANK_GPU_ENABLE"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def with_nccl(found: dict):
+    """This rank 'loaded' `found` (CPU torch maps no libnccl): what env/nccl.py would read."""
+    from moebench.env import nccl
+    nccl.loaded = lambda: dict(found)
+
+
+def round_trips(ctx, cases, found=NCCL_2307):
+    with_nccl(found)
+    out = []
+    for w, name, knobs in cases:
+        b = get(name)(knob_values={"ops_impl": "torch", **knobs}, ranks_per_gpu=2)
+        b.validate(w, ctx.world)
+        try:
+            b.setup(ctx.group, w, ctx.device)
+        except Unavailable as e:
+            out.append({"waived": str(e)})
+            continue
+        x, idx, wt, q, s = workload.rank_inputs(w, ctx.rank)
+        payload = q if q is not None else x
+        err, d, y = check(b, w, ctx.rank, payload, idx, wt, s, ctx.device)
+        views = b.cached_phases(payload, idx, wt, s, d, y)
+        handle = getattr(b, "handle", None) or b.buffer
+        before = len(handle.calls)
+        rows = views["dispatch"]().x_RH if views else d.x_RH
+        comb = views["combine"]() if views else None
+        out.append({"check": err, "rows_equal": torch.equal(rows.view(torch.uint8), d.x_RH.view(torch.uint8)),
+                    "combine": reference.check_combine(comb, reference.expected_combine(payload, idx, wt, w, s))
+                    if comb is not None else "", "cached_calls": handle.calls[before:], "views": sorted(views),
+                    "native": b.native_bytes(d), "knobs": b.knobs(), "bypassed": list(b.bypassed)})
+        b.teardown()
+    return out
+
+
+def small(**kw):
+    return Workload(**{**dict(num_tokens=16, hidden=512, num_experts=8, topk=3, ep=2, seed=3,
+                              routing="uniform,masked:0.2"), **kw})
+
+
+CASES = [(small(), "ncclep", {"mode": "ht"}), (small(dtype="fp8"), "ncclep", {"mode": "ht"}),
+         (small(), "ncclep", {"mode": "ll"}), (small(dtype="fp8"), "ncclep", {"mode": "ll"}),
+         (small(), "deepep-v2", {}), (small(dtype="fp8"), "deepep-v2", {}),
+         (small(), "deepep-v2", {"expand": 1})]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ep", [2, 4])
+def test_both_pass_the_oracle_in_every_mode_and_dtype(fakes, ep):
+    cases = [(w.replace(ep=ep), name, knobs) for w, name, knobs in CASES]
+    results = run_ranks(round_trips, ep, "cpu", 300, args=(cases,))
+    for rank, per_rank in enumerate(results):
+        for (w, name, knobs), r in zip(cases, per_rank):
+            label = f"{name} {knobs} {w.dtype} EP {ep} rank {rank}"
+            assert r.get("check") == "" and r["combine"] == "" and r["rows_equal"], (label, r)
+            assert r["knobs"]["libnccl"] == NCCL_2307 and "NCCL_MULTI_RANK_GPU_ENABLE=1" in r["bypassed"][0], label
+            if name == "ncclep":       # ep_bench's timed loop: the handle keeps its routing (no update)
+                assert r["cached_calls"] == ["dispatch", "combine"] and r["knobs"]["nccl_ep_lib"] == "0.2.0", label
+            elif knobs.get("expand"):  # DeepEP refuses a cached expanded dispatch
+                assert r["views"] == [] and r["native"] is None, label
+            else:                      # test_ep.py's rule: received rows x (payload + ids + weights)
+                t = traffic.traffic_of([workload.make_routing(w, s)[0] for s in range(ep)], w)
+                pairs = int(t.per_rank()["pairs"][rank])
+                assert r["native"] == pairs * (w.bytes_per_token + 12 * w.topk), label
+                assert r["cached_calls"] == ["dispatch(handle)", "combine"], (label, r["cached_calls"])
+
+
+@pytest.mark.slow
+def test_an_old_nccl_is_waived_with_found_and_needed_and_a_failed_compile_names_its_lines(fakes, monkeypatch):
+    old = {"path": "/torch/lib/libnccl.so.2", "version": "2.28.9"}
+    [w1, w2] = run_ranks(round_trips, 2, "cpu", 120, args=(CASES[::4], old))
+    for r in w1 + w2:
+        assert "needs libnccl >= 2.30.4; this process loaded 2.28.9 from /torch/lib/libnccl.so.2" in r["waived"]
+    monkeypatch.setenv("FAKE_NCCL_EP_JIT_FAIL", "1")
+    monkeypatch.setenv("FAKE_DEEP_EP_V2_JIT_FAIL", "1")
+    for case in (CASES[0], CASES[4]):
+        errors = run_ranks(first_call_error, 2, "cpu", 120, args=(case,))
+        assert all("NativeFailure" in e and "compil" in e.lower() and "its last lines:" in e for e in errors), errors
+
+
+def first_call_error(ctx, case):
+    with_nccl(NCCL_2307)
+    w, name, knobs = case
+    b = get(name)(knob_values={"ops_impl": "torch", **knobs})
+    b.setup(ctx.group, w, ctx.device)
+    x, idx, wt, *_ = workload.rank_inputs(w, ctx.rank)
+    try:
+        b.dispatch(x, idx, wt)
+    except NativeFailure as e:
+        return f"NativeFailure: {e}"
+    return "no error"

@@ -1,0 +1,1 @@
+"""NCCL EP interop modules: PyTorch integration helpers (fake)."""
