@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 
+from ..env import nccl
 from ..env.deepep import build_info, build_version
 from ..env.toolkit import PACKAGE_DIR, dist_version
 
@@ -60,6 +61,7 @@ def provenance() -> dict:
             env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:  # noqa: BLE001 - a torch without NCCL
             pass
+        env["nccl_loaded"] = nccl.loaded()    # the file this process mapped (LD_PRELOAD can make it differ)
         env["driver"] = _driver_version()
     return env
 
