@@ -22,7 +22,6 @@ Legend: T tokens, H hidden, K top-k, L local experts, N received tokens, R group
 """
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -32,9 +31,9 @@ import torch
 from ..core.reference import counts
 from ..core.workload import WorkloadError
 from ..env.toolkit import dist_version, installed
-from .base import OPS_IMPL, SWITCH, Backend, Dispatched, Knob, Unavailable
+from .base import OPS_IMPL, SWITCH, Dispatched, Knob, Unavailable
 from .deepep_family import Grouped, group_by_local_expert, weighted_rows
-from .nccl_family import native_output, require_nccl, share_gpu
+from .nccl_family import NcclFamily, native_output
 
 INSTALL = ("install DeepEP V2 (deepseek-ai/DeepEP main, or branch epv2-release) in its own environment: it needs NCCL "
            ">= 2.30.4 at build and run time (EP_NCCL_ROOT_DIR) and shares the package name deep_ep with V1")
@@ -51,7 +50,7 @@ class _Handle:
     rows: int                      # received (token, rank) rows, or expanded rows
 
 
-class DeepEPV2Backend(Backend):
+class DeepEPV2Backend(NcclFamily):
     name = "deepep-v2"
     dedup = True
     supports_fp8 = True
@@ -94,10 +93,7 @@ class DeepEPV2Backend(Backend):
 
     def setup(self, group, w, device):
         super().setup(group, w, device)
-        self.nccl = require_nccl("deepep-v2 (DeepEP V2)")
-        shared = share_gpu(self.ranks_per_gpu)
-        if shared:
-            self.bypassed.append(shared)
+        self.nccl_setup("deepep-v2 (DeepEP V2)")
         self.deep_ep = _import_v2()
         self.impl = self.knob_values.get("ops_impl", "auto")
         self.expand = bool(self.knob_values.get("expand", 0))
@@ -107,7 +103,7 @@ class DeepEPV2Backend(Backend):
             self.buffer = self.deep_ep.ElasticBuffer(group, num_max_tokens_per_rank=w.num_tokens, hidden=w.hidden,
                                                      num_topk=w.topk, use_fp8_dispatch=w.dtype == "fp8",
                                                      explicitly_destroy=True, **flags)
-        self.flags, self.first, self.used_sms = flags, True, None
+        self.flags, self.used_sms = flags, None
 
     def knobs(self):
         return {**super().knobs(), "expand": getattr(self, "expand", None), "num_sms_used": self.used_sms,
@@ -115,17 +111,12 @@ class DeepEPV2Backend(Backend):
                 "jit_cache_dir": os.environ.get("EP_JIT_CACHE_DIR", os.path.expanduser("~/.deep_ep")),
                 "deep_ep_version": getattr(getattr(self, "deep_ep", None), "__version__", None)}
 
-    def _native(self, what: str):
-        if self.first:
-            return native_output(f"deepep-v2's first {what} (DeepEP V2 compiles its kernels)")
-        return contextlib.nullcontext()
-
     def _payload(self, x_TH, scales_TS):
         return (x_TH, scales_TS) if scales_TS is not None else x_TH
 
     def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
         w = self.w
-        with self._native("dispatch"):
+        with self.first_call("dispatch"):
             recv, recv_idx, recv_w, native, _ = self.buffer.dispatch(
                 self._payload(x_TH, scales_TS), topk_idx=topk_idx_TK.to(self.deep_ep.topk_idx_t),
                 topk_weights=topk_w_TK.float(), num_experts=w.num_experts, num_max_tokens_per_rank=w.num_tokens,
@@ -141,7 +132,7 @@ class DeepEPV2Backend(Backend):
                           g.scales_RS, g.probs_R)
 
     def combine(self, y_RH, handle: _Handle):
-        with self._native("combine"):
+        with self.first_call("combine"):
             out = self._combine(y_RH, handle)
         self.first = False
         return out

@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 from ..env import nccl
-from .base import Unavailable
+from .base import Backend, Unavailable
 
 MULTI_RANK_ENV = "NCCL_MULTI_RANK_GPU_ENABLE"
 MULTI_RANK_NOTE = (f"{MULTI_RANK_ENV}=1 (NCCL >= 2.30: several ranks on one GPU; experimental, each rank its own "
@@ -76,3 +76,21 @@ def native_output(what: str):
             tail = [line for line in text.splitlines() if line.strip()][-TAIL_LINES:]
             said = f"; its last lines: {' | '.join(tail)}" if tail else ""
             raise NativeFailure(f"{what}: {type(failure).__name__}: {failure}{said}") from failure
+
+
+class NcclFamily(Backend):
+    """The NCCL-based backends' shared steps: the gate on the loaded libnccl and the shared-GPU setting before the
+    library is touched (`nccl_setup`), and their first dispatch and combine under native_output (`first_call`)."""
+    first = True
+
+    def nccl_setup(self, who: str) -> None:
+        self.nccl = require_nccl(who)
+        shared = share_gpu(self.ranks_per_gpu)
+        if shared:
+            self.bypassed.append(shared)
+
+    def first_call(self, what: str):
+        """The kernels are compiled on the first dispatch and combine: their native output is kept for the error."""
+        if self.first:
+            return native_output(f"{self.name}'s first {what} (its kernels are compiled at run time)")
+        return contextlib.nullcontext()

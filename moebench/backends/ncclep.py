@@ -24,7 +24,6 @@ Legend: T tokens, H hidden, K top-k, L local experts, R ranks (ll slots) or grou
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -32,8 +31,8 @@ import torch
 from ..core.reference import expert_factors
 from ..core.workload import WorkloadError
 from ..env.toolkit import dist_version, installed
-from .base import Backend, Dispatched, GraphPlan, Knob, Unavailable
-from .nccl_family import native_output, require_nccl, share_gpu
+from .base import Dispatched, GraphPlan, Knob, Unavailable
+from .nccl_family import NcclFamily, native_output
 
 MODES = ("ht", "ll")
 HT_MAX_TOKENS = 8192          # MAX_SUPPORTED_TOKENS_PER_RANK (nccl_ep include/common.hpp, RELEASE.md)
@@ -51,7 +50,7 @@ class _Handle:
     topk_w: torch.Tensor | None = None
 
 
-class NcclEPBackend(Backend):
+class NcclEPBackend(NcclFamily):
     name = "ncclep"
     dedup = True                   # ht and ll dispatch send one message per (token, destination rank)
     supports_fp8 = True
@@ -110,10 +109,7 @@ class NcclEPBackend(Backend):
 
     def setup(self, group, w, device):
         super().setup(group, w, device)
-        self.nccl = require_nccl("ncclep (NCCL EP)")
-        shared = share_gpu(self.ranks_per_gpu)
-        if shared:
-            self.bypassed.append(shared)
+        self.nccl_setup("ncclep (NCCL EP)")
         try:
             import nccl.ep as ep
             from nccl.ep.interop.torch import get_nccl_comm_from_group
@@ -128,7 +124,7 @@ class NcclEPBackend(Backend):
         with native_output("ncclep: NCCL communicator and EP group"):
             self.comm = get_nccl_comm_from_group(group)
             self.group_ep = ep.Group.create(self.comm, cfg)
-        self.handle, self.first = None, True
+        self.handle = None
         L = w.local_experts
         if self.mode == "ht":
             self.counts = torch.zeros(L, dtype=torch.int64, device=device)
@@ -149,12 +145,6 @@ class NcclEPBackend(Backend):
     def _stream(self):
         return torch.cuda.current_stream().cuda_stream if self.device.type == "cuda" else None
 
-    def _native(self, what: str):
-        """The first dispatch and combine compile NCCL EP's kernels: their native output is kept for the error."""
-        if self.first:
-            return native_output(f"ncclep's first {what} (NCCL EP compiles its kernels)")
-        return contextlib.nullcontext()
-
     def _bind(self, idx_TK):
         """The handle's routing: created once, then updated (the routing exchange); ht fills the counts."""
         T, info = self.ep.Tensor, None
@@ -173,7 +163,7 @@ class NcclEPBackend(Backend):
         return self.ep.DispatchConfig(quantization_recipe=q)
 
     def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
-        with self._native("dispatch"):
+        with self.first_call("dispatch"):
             self._bind(topk_idx_TK)
             if self.mode == "ht":
                 counts = [int(c) for c in self.counts.tolist()]          # the one host wait
@@ -210,7 +200,7 @@ class NcclEPBackend(Backend):
                           _Handle(self.handle, rows_R=rows_R, topk_idx=topk_idx_TK, topk_w=topk_w_TK.float()), scales)
 
     def combine(self, y_RH, handle: _Handle):
-        with self._native("combine"):
+        with self.first_call("combine"):
             out = self._combine(y_RH, handle)
         self.first = False
         return out

@@ -12,6 +12,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from gloo_bytes import gather as _gather
 
 CONFIG_RANKS = (2, 4, 8, 16, 24, 32, 64, 128, 144, 160)
 
@@ -30,29 +31,6 @@ class Config:
 
     def get_rdma_buffer_size_hint(self, hidden_bytes, ranks):
         return 0 if ranks <= 8 else 1 << 20
-
-
-class _Bytes:
-    """A tensor as its raw bytes: gloo's object pickling cannot carry float8 tensors."""
-    def __init__(self, t):
-        self.dtype, self.data = t.dtype, t.contiguous().view(torch.uint8).clone()
-
-    def tensor(self):
-        return self.data.view(self.dtype)
-
-
-def _pack(o, f):
-    if isinstance(o, (tuple, list)):
-        return type(o)(_pack(v, f) for v in o)
-    if isinstance(o, dict):
-        return {k: _pack(v, f) for k, v in o.items()}
-    return f(o)
-
-
-def _gather(group, obj):
-    out = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, _pack(obj, lambda v: _Bytes(v) if torch.is_tensor(v) else v), group=group)
-    return [_pack(o, lambda v: v.tensor() if isinstance(v, _Bytes) else v) for o in out]
 
 
 def _split(x):

@@ -10,53 +10,11 @@ tests/fakes/deep_ep/sim.py does: slow, and only for small test shapes. Failure f
 """
 import os
 
-import torch
-import torch.distributed as dist
-
+from gloo_bytes import garbage, gather, u8  # noqa: F401 - the helpers this fake's modules use
 from nccl._extensions.bindings.nccl_ep import NCCLEpError
 
 INTERNAL, INVALID_ARGUMENT, INVALID_USAGE = 3, 4, 5
 SRC = "nccl_ep/nccl_ep.cc"          # line numbers: ext 44d2de0 (the wheel's may differ; its strings are the same)
-
-
-class _Bytes:
-    """A tensor as its raw bytes."""
-    def __init__(self, t):
-        self.dtype, self.shape = t.dtype, tuple(t.shape)
-        self.data = t.contiguous().view(-1).view(torch.uint8).clone() if t.numel() else torch.empty(0, dtype=torch.uint8)
-
-    def tensor(self):
-        return self.data.view(self.dtype).view(self.shape) if self.data.numel() else torch.empty(self.shape, dtype=self.dtype)
-
-
-def _pack(o, f):
-    if isinstance(o, (tuple, list)):
-        return type(o)(_pack(v, f) for v in o)
-    if isinstance(o, dict):
-        return {k: _pack(v, f) for k, v in o.items()}
-    return f(o)
-
-
-def gather(group, obj):
-    """Every rank's `obj` (tensors inside tuples/lists/dicts carried byte for byte), in rank order."""
-    out = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, _pack(obj, lambda v: _Bytes(v) if torch.is_tensor(v) else v), group=group)
-    return [_pack(o, lambda v: v.tensor() if isinstance(v, _Bytes) else v) for o in out]
-
-
-def u8(t):
-    """A byte view of a tensor's rows (index copies of float8 go through it on CPU)."""
-    return t.view(torch.uint8)
-
-
-def garbage(t):
-    """What torch.empty would hold, made visible: NaN in floating tensors (0x7F bytes for float8), -1 elsewhere."""
-    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        u8(t).fill_(0x7F)
-    elif t.is_floating_point():
-        t.fill_(float("nan"))
-    else:
-        t.fill_(-1)
 
 
 def stderr(line):
