@@ -55,21 +55,23 @@ def one_call(b, w, rank: int, dev, where=None, clock: dict | None = None) -> dic
     wrong. clock: {stage: seconds} to add this call's host-clock time per stage to."""
     where = dev if where is None else torch.device(where)
     laps = _Laps(clock, dev)
-    x, idx, wt, q, s = rank_inputs(w, rank, dev)
+    host = rank_inputs(w, rank)                                    # made on the host, moved once
+    x, idx, wt, q, s = (t.to(dev) if t is not None else None for t in host)
+    mine = host if where.type == "cpu" else (x, idx, wt, q, s)     # the inputs where the check runs
     payload = q if q is not None else x
     laps("inputs")
     try:
         d = b.dispatch(payload, idx, wt, s)
         laps("dispatch")
-        mine = oracle.moved(d, where)
-        rows = oracle.dispatch_bad_rows(mine, w, rank, where)
+        got = oracle.moved(d, where)
+        rows = oracle.dispatch_bad_rows(got, w, rank, where)
         laps("check_dispatch")
-        y = oracle.expert_outputs(mine, rank, w).to(dev)
+        y = oracle.expert_outputs(got, rank, w).to(dev)
         laps("experts")
         out = b.combine(y, d.handle)
         laps("combine", sync=True)
-        on = lambda t: t.to(where) if t is not None else None     # noqa: E731
-        tokens = oracle.combine_bad_tokens(out.to(where), on(payload), on(idx), on(wt), w, on(s))
+        hx, hidx, hwt, hq, hs = mine
+        tokens = oracle.combine_bad_tokens(out.to(where), hq if hq is not None else hx, hidx, hwt, w, hs)
         laps("check_combine")
     except Exception as e:  # noqa: BLE001 - an output the oracle cannot even read is a wrong output
         return {"rows": [], "tokens": [], "error": f"{type(e).__name__}: {str(e)[:200]}"}
