@@ -37,7 +37,7 @@ from .nccl_family import NcclFamily, native_output
 
 INSTALL = ("install DeepEP V2 (deepseek-ai/DeepEP main, or branch epv2-release) in its own environment: it needs NCCL "
            ">= 2.30.4 at build and run time (EP_NCCL_ROOT_DIR) and shares the package name deep_ep with V1")
-FLAGS = {"allow_hybrid_mode": True, "allow_multiple_reduction": True, "prefer_overlap_with_compute": False,
+SWITCHES = {"allow_hybrid_mode": True, "allow_multiple_reduction": True, "prefer_overlap_with_compute": False,
          "deterministic": False}           # ElasticBuffer's switches; prefer_overlap... as its test (False)
 
 
@@ -55,7 +55,7 @@ class DeepEPV2Backend(NcclFamily):
     dedup = True
     supports_fp8 = True
     KNOBS = {"num_sms": Knob(low=0), "num_qps": Knob(low=0), "expand": SWITCH, "ops_impl": OPS_IMPL,
-             **{k: SWITCH for k in FLAGS}}
+             **{k: SWITCH for k in SWITCHES}}
     comm_kernels = ("dispatch_impl", "combine_impl")        # test_ep.py's bench_kineto names
     no_cached_view = "DeepEP V2 refuses a cached dispatch of expanded rows (expand=1)"
     no_graph_view = "DeepEP V2 claims no CUDA-graph support and has no graph test (not captured here)"
@@ -98,7 +98,7 @@ class DeepEPV2Backend(NcclFamily):
         self.impl = self.knob_values.get("ops_impl", "auto")
         self.expand = bool(self.knob_values.get("expand", 0))
         self.sms, self.qps = int(self.knob_values.get("num_sms", 0)), int(self.knob_values.get("num_qps", 0))
-        flags = {k: bool(self.knob_values.get(k, v)) for k, v in FLAGS.items()}
+        flags = {k: bool(self.knob_values.get(k, v)) for k, v in SWITCHES.items()}
         with native_output("deepep-v2: ElasticBuffer (NCCL communicator, buffers)"):
             self.buffer = self.deep_ep.ElasticBuffer(group, num_max_tokens_per_rank=w.num_tokens, hidden=w.hidden,
                                                      num_topk=w.topk, use_fp8_dispatch=w.dtype == "fp8",

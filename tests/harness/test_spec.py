@@ -122,7 +122,8 @@ def test_each_backend_declares_the_knobs_its_module_reads():
         cls = base.get(name)
         mods = [importlib.import_module(k.__module__) for k in cls.__mro__ if k.__module__.startswith("moebench.backends")]
         read = set().union(*(names_read(m) for m in mods))
-        extra = set().union(*(getattr(m, "SM_KNOBS", {}) for m in mods))   # hybridep reads its SM knobs via this table
+        extra = set().union(*(getattr(m, t, {}) for m in mods for t in ("SM_KNOBS", "SWITCHES")))   # read via a table
+                                                                # (hybridep's SM knobs, deepep-v2's switches)
         own = names_read(importlib.import_module(cls.__module__))       # read somewhere in its module:
         siblings = set().union(*(base.get(n).KNOBS for n in base.REGISTRY if base.get(n).__module__ == cls.__module__))
         assert own <= siblings, (name, own - siblings)                 # declared by a backend of that module
