@@ -12,8 +12,6 @@
 #           soaked with $SOAK (default 2000) calls on fresh routing within $SOAK_SECONDS (default 150) after its
 #           setup: memory rows and soak records with where each call's time went (functional); SHARED_BACKENDS
 #           picks fewer; END (seconds after the script's start) shares what is left of it among the soaks
-#   meet    where a soak's checked call spends its time on shared-GPU ranks: deepep and deepep-ll soaked $MEET_SECONDS
-#           (default 30) each with and without the ranks meeting before each call (MOEBENCH_SOAK_MEET), api view
 #   gputier pytest -m gpu over tests/ with the DeepEP build on the path, timed (goal: under 5 minutes)
 # Usage on the device: MOEBENCH_GIT_SHA=<sha> bash bench/dispatch_h200.sh fp8q build pack shared
 set -uo pipefail
@@ -56,15 +54,6 @@ shared)
     --num-experts 16 --topk 4 --iters 20 --views api,graph --soak "${SOAK:-2000}" --soak-seconds "$ss" \
     --timeout 400 --out "$OUT/dispatch-shared-soak-h200.jsonl"
   echo "dispatch rc=$? (3: a soak ran out of its budget with nothing corrupted)" ;;
-meet)
-  use_deepep_build
-  step "deepep, deepep-ll soaks with and without meeting, ${MEET_SECONDS:-30} s each"
-  for m in 1 0; do
-    timeout 240 $D --ep 2 --ranks-per-gpu 2 --backend deepep,deepep-ll --num-tokens 64 --hidden 2048 \
-      --num-experts 16 --topk 4 --iters 10 --views api --soak 2000 --soak-seconds "${MEET_SECONDS:-30}" \
-      --knob env:MOEBENCH_SOAK_MEET=$m --timeout 200 --out "$OUT/soak-meet-h200.jsonl" | grep -E "^#|^deepep"
-  done
-  python3 -c "import json,sys; [print(r['backend']['name'], [a for a in r['argv'] if 'MEET' in a], r['soak']['calls'], r['soak'].get('stage_ms')) for r in map(json.loads, open(sys.argv[1])) if r.get('soak')]" "$OUT/soak-meet-h200.jsonl" ;;
 gputier)
   use_deepep_build
   # the CUDA extension is built first, as an install builds it (setup.py): its JIT build is not test time

@@ -15,11 +15,9 @@ has run out and stop together; either way a soak its time ended with no call cor
 
 Where the time goes: each rank sums its host-clock seconds per stage of a checked call (inputs, dispatch, the
 dispatch check, the experts, combine, the combine check; one sync after combine so that its kernels are not
-billed to the check) and the record keeps them (`stage_ms`). Ranks that share a GPU check on the host, and meet
-(their own queue finished, then a host barrier) before each communication call: a rank whose communication
-kernel spins on the GPU waiting for a peer that is still checking holds the GPU in time slices the peer's copies
-and kernels then wait for (~150 ms a call at EP 2, T 64, with the check on the GPU; ~0.5 s checked on the host
-without meeting). `--knob env:MOEBENCH_SOAK_MEET=0` measures a soak without the meeting.
+billed to the check) and the record keeps them (`stage_s`). Ranks that share a GPU check on the host: the other
+rank's communication kernel spins on the GPU while this one checks, and every gap in a queue of small checking
+kernels handed it a whole time slice (~150 ms a call at EP 2, T 64, with the check on the GPU).
 """
 from __future__ import annotations
 
@@ -43,7 +41,7 @@ KEEP_BAD = 20                    # bad calls kept per rank with their detail
 STALL_S = 30.0                   # no call finished for this long when the time ran out: a hang
 
 
-STAGES = ("inputs", "meet", "dispatch", "check_dispatch", "experts", "combine", "check_combine")
+STAGES = ("inputs", "dispatch", "check_dispatch", "experts", "combine", "check_combine")
 
 
 def check_device(ctx: RankContext) -> torch.device:
@@ -52,22 +50,9 @@ def check_device(ctx: RankContext) -> torch.device:
     return torch.device("cpu") if ctx.ranks_per_gpu > 1 else ctx.device
 
 
-def meeting(ctx: RankContext):
-    """What ranks that share a GPU do before each communication call: finish their own queue, then meet on the
-    host (gloo). None where ranks have GPUs of their own, or MOEBENCH_SOAK_MEET=0 (to measure without it)."""
-    if ctx.ranks_per_gpu == 1 or os.environ.get("MOEBENCH_SOAK_MEET", "1") == "0":
-        return None
-
-    def meet() -> None:
-        torch.cuda.synchronize(ctx.device)
-        dist.barrier(group=ctx.group)
-    return meet
-
-
-def one_call(b, w, rank: int, dev, where=None, clock: dict | None = None, meet=None) -> dict | None:
+def one_call(b, w, rank: int, dev, where=None, clock: dict | None = None) -> dict | None:
     """One dispatch + combine on fresh inputs, checked on `where` (default: dev); None when right, else what was
-    wrong. clock: {stage: seconds} to add this call's host-clock time per stage to; meet: called before dispatch
-    and before combine (meeting())."""
+    wrong. clock: {stage: seconds} to add this call's host-clock time per stage to."""
     where = dev if where is None else torch.device(where)
     laps = _Laps(clock, dev)
     host = rank_inputs(w, rank)                                    # made on the host, moved once
@@ -76,7 +61,6 @@ def one_call(b, w, rank: int, dev, where=None, clock: dict | None = None, meet=N
     payload = q if q is not None else x
     laps("inputs")
     try:
-        _meet(meet, laps)
         d = b.dispatch(payload, idx, wt, s)
         laps("dispatch")
         got = oracle.moved(d, where)
@@ -84,7 +68,6 @@ def one_call(b, w, rank: int, dev, where=None, clock: dict | None = None, meet=N
         laps("check_dispatch")
         y = oracle.expert_outputs(got, rank, w).to(dev)
         laps("experts")
-        _meet(meet, laps)
         out = b.combine(y, d.handle)
         laps("combine", sync=True)
         hx, hidx, hwt, hq, hs = mine
@@ -95,12 +78,6 @@ def one_call(b, w, rank: int, dev, where=None, clock: dict | None = None, meet=N
     if not rows and not tokens:
         return None
     return {"rows": rows, "tokens": tokens[:16], "n_tokens": len(tokens)}
-
-
-def _meet(meet, laps) -> None:
-    if meet is not None:
-        meet()
-    laps("meet")
 
 
 class _Laps:
@@ -152,14 +129,14 @@ def soak_main(ctx: RankContext, spec, name: str, progress_dir: str | None) -> di
     if err:
         return {**state, "error": err}
     deadline = time.monotonic() + spec.soak_seconds if spec.soak_seconds else None
-    timer, where, meet = Timer.for_run(spec, dev, ctx.group), check_device(ctx), meeting(ctx)
+    timer, where = Timer.for_run(spec, dev, ctx.group), check_device(ctx)
     state["checked_on"] = where.type
     for i in range(spec.soak):
         if out_of_time(deadline, ctx.group):
             state["budget"] = {"calls": i, "seconds": spec.soak_seconds}
             break
         wrong = one_call(b, w.replace(seed=(w.seed + SEED_STRIDE * (i + 1)) % (2**63)), ctx.rank, dev, where,
-                         state["stage_s"], meet)
+                         state["stage_s"])
         state["done"] = i + 1
         if wrong:
             state["bad_calls"].append(i)
