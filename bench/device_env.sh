@@ -7,6 +7,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
+# GPU: the card's short name (h200, h100, ...) that names the files a run writes, since a call may get either
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oE '[ABH][0-9]{2,3}' | head -1 \
+  | tr 'A-Z' 'a-z'); GPU=${GPU:-gpu}
 t0=$(date +%s); step() { echo "### $1 ($(( $(date +%s) - t0 )) s)"; }
 # The NVSHMEM DeepEP build (README's recipe) from the carried source .ext/DeepEP (hybrid-ep 94a9f8f), packed
 # as xz pieces under $OUT for a later call to carry back as .ext/deepep-pack, and put on PYTHONPATH: unpacked
@@ -16,7 +19,7 @@ build_deepep() {   # [MAX_JOBS]: the build's log in /tmp/deepep-build.log, its p
   step "build DeepEP hybrid-ep with NVSHMEM (nvshmem+syslink)"
   BUILD_ROOT=$(dirname "$DEEPEP_BUILD") FIX=nvshmem+syslink MAX_JOBS=${MAX_JOBS:-16} timeout 400 \
     bash bench/deepep_build.sh .ext/DeepEP > /tmp/deepep-build.log 2>&1
-  echo "build rc=$?"; grep -h '^{' /tmp/deepep-build.log > "$OUT/deepep-build-h200.json"
+  echo "build rc=$?"; grep -h '^{' /tmp/deepep-build.log > "$OUT/deepep-build-$GPU.json"
   grep -E "failed|PYTHONPATH" /tmp/deepep-build.log
 }
 pack_deepep() {

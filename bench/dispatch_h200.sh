@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# moebench.dispatch on the one-GPU H200: the fp8 regression, memory rows, soaks, and the GPU test tier.
+# moebench.dispatch on one H200 or H100 (files named after the card, $GPU): the fp8 regression, memory rows,
+# soaks, and the GPU test tier.
 # Carry .whl (megatron-core) and either .ext/DeepEP (the source: step `build`) or .ext/deepep-pack (a packed build).
 # Steps, in the order given:
 #   fp8q    alltoall at EP 1 (T 4096, H 7168, K 8, E 256), fp8 with --ops-impl torch, triton and cuda, and bf16: the
@@ -11,13 +12,15 @@
 #   shared  deepep, deepep-ll and hybridep at EP 2 with 2 ranks sharing the GPU (T 64, H 2048, K 4, E 16), each
 #           soaked with $SOAK (default 2000) calls on fresh routing within $SOAK_SECONDS (default 150) after its
 #           setup: memory rows and soak records with where each call's time went (functional); SHARED_BACKENDS
-#           picks fewer; END (seconds after the script's start) shares what is left of it among the soaks
+#           picks fewer; SOAK_VIEWS the views (default api,graph: the graph's replays are soaked too); END (seconds
+#           after the script's start) shares what is left of it among the soaks
 #   gputier pytest -m gpu over tests/ with the DeepEP build on the path, timed (goal: under 5 minutes)
 # Usage on the device: MOEBENCH_GIT_SHA=<sha> bash bench/dispatch_h200.sh fp8q build pack shared
 set -uo pipefail
-OUT=${OUT:-out}; mkdir -p "$OUT"; exec > >(tee -a "$OUT/dispatch-h200.txt") 2>&1
+OUT=${OUT:-out}; mkdir -p "$OUT"
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 source bench/device_env.sh
+exec > >(tee -a "$OUT/dispatch-$GPU.txt") 2>&1
 D="python3 -m moebench.dispatch --device cuda"
 BIG="--num-tokens 4096 --hidden 7168 --num-experts 256 --topk 8"
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
@@ -27,14 +30,14 @@ fp8q)
   step "alltoall EP 1 fp8 (torch, triton, cuda) and bf16 through the oracle, api view"
   for i in torch triton cuda; do
     timeout 120 $D --ep 1 --backend alltoall $BIG --dtype fp8 --ops-impl $i --views api --iters 5 \
-      --out "$OUT/fp8-ep1-h200.jsonl" | grep -E "^alltoall|FAIL|error"
+      --out "$OUT/fp8-ep1-$GPU.jsonl" | grep -E "^alltoall|FAIL|error"
   done
-  timeout 120 $D --ep 1 --backend alltoall $BIG --views api --iters 5 --out "$OUT/fp8-ep1-h200.jsonl" \
+  timeout 120 $D --ep 1 --backend alltoall $BIG --views api --iters 5 --out "$OUT/fp8-ep1-$GPU.jsonl" \
     | grep -E "^alltoall|FAIL|error" ;;
 ep1)
   step "alltoall and mcore-alltoall, EP 1, T 4096 H 7168 K 8 E 256: times and memory; alltoall fp8"
-  timeout 300 $D --ep 1 --backend alltoall,mcore-alltoall $BIG --iters 30 --out "$OUT/dispatch-memory-ep1-h200.jsonl"
-  timeout 200 $D --ep 1 --backend alltoall $BIG --dtype fp8 --iters 30 --out "$OUT/dispatch-memory-ep1-h200.jsonl" ;;
+  timeout 300 $D --ep 1 --backend alltoall,mcore-alltoall $BIG --iters 30 --out "$OUT/dispatch-memory-ep1-$GPU.jsonl"
+  timeout 200 $D --ep 1 --backend alltoall $BIG --dtype fp8 --iters 30 --out "$OUT/dispatch-memory-ep1-$GPU.jsonl" ;;
 build)
   build_deepep ;;
 bgbuild)
@@ -51,8 +54,8 @@ shared)
   if [ "$ss" -lt 20 ]; then echo "# shared: $wall s left, too little for $nb soaks"; continue; fi
   step "$B: EP 2 on one GPU, memory rows and soaks of ${SOAK:-2000} calls within $ss s each ($wall s left)"
   timeout "$wall" $D --ep 2 --ranks-per-gpu 2 --backend "$B" --num-tokens 64 --hidden 2048 \
-    --num-experts 16 --topk 4 --iters 20 --views api,graph --soak "${SOAK:-2000}" --soak-seconds "$ss" \
-    --timeout 400 --out "$OUT/dispatch-shared-soak-h200.jsonl"
+    --num-experts 16 --topk 4 --iters 20 --views "${SOAK_VIEWS:-api,graph}" --soak "${SOAK:-2000}" --soak-seconds "$ss" \
+    --timeout 400 --out "$OUT/dispatch-shared-soak-$GPU.jsonl"
   echo "dispatch rc=$? (3: a soak ran out of its budget with nothing corrupted)" ;;
 gputier)
   use_deepep_build
