@@ -30,7 +30,7 @@ def test_backend_passes_the_oracle(tmp_path, name, dtype):
     out = tmp_path / "r.jsonl"
     shared = ["--ranks-per-gpu", "2"] if torch.cuda.device_count() < 2 else []
     rc = dispatch.main(["--device", "cuda", "--ep", "2", *shared, *SHAPE, "--dtype", dtype, "--backend", name,
-                        "--views", "api", "--iters", "2", "--warmup-ms", "0", "--timeout", "240", "--out", str(out)])
+                        "--views", "api", "--iters", "2", "--warmup-ms", "0", "--timeout", "120", "--out", str(out)])
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert rc == 0, [r["check"] for r in recs]
     assert [(r["phase"], r["check"]["status"]) for r in recs if r["phase"] in ("dispatch", "combine")] == [
