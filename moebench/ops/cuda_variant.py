@@ -51,9 +51,12 @@ class CudaVariant(NamedTuple):
         return not self.bits & OTHER_COPY
 
 
-DEFAULT = CudaVariant(UNFUSED)
-# fp8 rows with their scales: the one-row bulk kernel stays the default until the rows kernel after the index
-# kernels is measured there (the H200 run had bulk 0.745 / 0.765 of copy, the fused rows kernel 0.627 / 0.666).
+# bf16: the rows kernel after the index work in one launch, both as programmatic dependent launches: 0.953 /
+# 0.947 / 0.917 / 0.950 of copy on the four issue shapes against 0.921 / 0.935 / 0.882 / 0.924 after the two index
+# kernels in plain launches (bench/results/permute-h100.jsonl, one H100 run)
+DEFAULT = CudaVariant(UNFUSED | ONE_INDEX | PDL)
+# fp8 rows with their scales: the one-row bulk kernel, 0.836 / 0.839 of copy at T 4096 / 16384 against 0.760 /
+# 0.796 for the rows kernel after the index kernels and 0.789 / 0.802 for the bf16 default (permute-h100-fp8.jsonl)
 FP8_DEFAULT = str(BULK)
 
 

@@ -424,7 +424,7 @@ def test_variants_are_part_of_the_impl_string():
 def test_cuda_variant_parse():
     """cuda@V[:C]: variant bits, rows per CTA of the rows kernel; malformed ones refused with the reason."""
     from moebench.ops import cuda_variant as cv
-    assert cv.parse("") == cv.DEFAULT and cv.DEFAULT.rows_kernel and cv.DEFAULT.code == cv.UNFUSED
+    assert cv.parse("") == cv.DEFAULT and cv.DEFAULT.rows_kernel and cv.DEFAULT.code == cv.UNFUSED | cv.ONE_INDEX | cv.PDL
     assert cv.parse("8192") == cv.CudaVariant(8192, 0) and not cv.parse("8192").rows_kernel
     assert cv.parse("0:8").code == 8 << 16 and cv.parse("16385:15").code == 16385 | 15 << 16
     assert cv.parse("16") .bits == 16 and cv.parse("1:0").rows == 0
@@ -481,7 +481,7 @@ def test_cuda_rows_per_cta_falls_back_with_a_note(monkeypatch):
         assert cuda_impl._permute_code("0:8", 14336, 8, 256, True, dev) == 8 << 16
         assert cuda_impl._permute_code("16384:15", 14336, 8, 256, True, dev) == 16384 | 15 << 16
         assert cuda_impl._permute_code("8192", 2002, 8, 256, False, dev) == 8192
-        assert cuda_impl._permute_code("", 14336, 8, 256, True, dev) == 16384  # default: after the index kernels
+        assert cuda_impl._permute_code("", 14336, 8, 256, True, dev) == 53248  # default: one index launch, PDL
     for args, why, code in ((("16384:16", 16384, 8, 256, True), "shared memory", 16384),
                             (("1:4", 2002, 8, 256, True), "multiple of 16", 1),
                             (("0:4", 14336, 8, 256, False), "aligned", 0)):

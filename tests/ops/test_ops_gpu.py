@@ -151,7 +151,7 @@ def _kernel_names(fn) -> str:
 
 
 @pytest.mark.parametrize("variant,want,absent", [
-    ("", "permute_rows_kernel<false", "permute_bulk_kernel"),           # default: after the index kernels
+    ("", "permute_rows_kernel<false", "route_scan_kernel"),             # default: after the one index launch
     ("0", "permute_rows_kernel<true", "route_rank_kernel"),             # the index work fused in: one launch
     ("8192", "permute_bulk_kernel", "permute_rows_kernel")])            # the previous default
 def test_cuda_rows_kernel_is_the_default(variant, want, absent):
