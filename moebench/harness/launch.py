@@ -134,7 +134,7 @@ def _init(rank: int, world: int, local_rank: int, device_type: str, timeout_s: f
     if device_type != "cuda" or ranks_per_gpu > 1:
         # ranks that work on the host (CPU ranks; shared-GPU ranks check there) get one thread each: with torch's
         # default (every core) per rank, a soak's host check of EP 2, T 64 took ~290 ms a call on a 16-core
-        # H100 host against ~8 ms on one thread here (bench/results/soak-meet-h100.jsonl)
+        # H100 host; on one thread 12-19 ms (bench/results/dispatch-shared-soak-h100.jsonl, stage_ms)
         torch.set_num_threads(1)
     backend = pg_backend(device_type, ranks_per_gpu)
     kw = {"device_id": device} if backend == "nccl" else {}
