@@ -14,7 +14,8 @@
 #           setup: memory rows and soak records with where each call's time went (functional); SHARED_BACKENDS
 #           picks fewer; SOAK_VIEWS the views (default api,graph: the graph's replays are soaked too); END (seconds
 #           after the script's start) shares what is left of it among the soaks
-#   gputier pytest -m gpu over tests/ with the DeepEP build on the path, timed (goal: under 5 minutes)
+#   gputier pytest -m gpu over tests/ with the DeepEP build on the path, timed (goal: under 5 minutes); TIER_TESTS
+#           names fewer paths (a partial run, not the gate)
 # Usage on the device: MOEBENCH_GIT_SHA=<sha> bash bench/dispatch_h200.sh fp8q build pack shared
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -62,9 +63,9 @@ gputier)
   # the CUDA extension is built first, as an install builds it (setup.py): its JIT build is not test time
   b0=$SECONDS; python3 -c "import moebench.ops as o; print('impl_status', o.impl_status())" 2>&1 | tail -2
   echo "# moebench._C build: $((SECONDS - b0)) s"
-  step "pytest -m gpu tests (DeepEP on the path)"
+  step "pytest -m gpu ${TIER_TESTS:-tests} (DeepEP on the path)"
   # -v and a seconds-since-start stamp per line: which tests took the time, even when the timeout cuts the run
-  timeout "${TIER_TIMEOUT:-330}" python3 -m pytest -v -m gpu tests -p no:cacheprovider --durations=25 2>&1 \
+  timeout "${TIER_TIMEOUT:-330}" python3 -m pytest -v -m gpu ${TIER_TESTS:-tests} -p no:cacheprovider --durations=25 2>&1 \
     | { s0=$SECONDS; while IFS= read -r l; do printf '%4d %s\n' $((SECONDS - s0)) "$l"; done; } > "$OUT/gpu-tier.log"
   echo "gpu tier rc=${PIPESTATUS[0]}"; grep -E "passed|failed|error" "$OUT/gpu-tier.log" | tail -3 ;;
 *) echo "unknown step $s" ;;
