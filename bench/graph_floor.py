@@ -54,7 +54,7 @@ prov = provenance()
 for name, sizes in cases.items():
     fn = chain(sizes)
     g = statistics.median(graph_us(fn))
-    rows = kernel_profile(fn, True, n=20, top=0, lead=timer.lead)
+    rows = kernel_profile(fn, True, n=20, top=0, lead=timer.lead).rows
     k = sum(r["us_per_iter"] for r in rows)
     print(f"{name:>24}: graph {g:8.2f} us  kernel sum {k:8.2f} us  graph - kernels {g - k:5.2f} us  "
           f"ratio {g / k:.3f}  ({len(sizes)} kernels, {sum(r['calls_per_iter'] for r in rows):.0f} profiled)")

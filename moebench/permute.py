@@ -294,7 +294,7 @@ def run_shape(shape, a, timer, copy_GBps, device, prov, cmd, where=""):
                            bytes=nbytes, GBps=round(nbytes / med / 1e3, 1),
                            frac_of_copy=round(nbytes / med / 1e3 / copy_GBps, 3))
                 if a.profile and timer.cuda:
-                    rec["kernels"] = kernel_profile(fn, cuda=True)
+                    rec["kernels"] = kernel_profile(fn, cuda=True).rows
                     rec["host_us"] = round(host_us(fn, cuda=True), 1)
                 if a.trace and timer.cuda:
                     os.makedirs(a.trace, exist_ok=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -159,12 +160,19 @@ def write_trace(timer: Timer, fn, path: str, n: int = 4) -> None:
 FLUSH_RANGE = "moebench.l2_flush"     # the profiler range around a profiled call's L2 flush
 
 
-def kernel_profile(fn, cuda: bool, n: int = 5, top: int = 8, lead=None) -> list[dict]:
+class KernelProfile(NamedTuple):
+    rows: list[dict]          # per kernel (CUDA) or top-level torch op (CPU): calls and us per call, largest first
+    busy_us: float | None     # CUDA: GPU time per call that the kernels cover, the union of their intervals: their
+                              # sum where they run one after another, less where they overlap (programmatic
+                              # dependent launches); None on CPU or where the flush's kernels cannot be told apart
+
+
+def kernel_profile(fn, cuda: bool, n: int = 5, top: int = 8, lead=None) -> KernelProfile:
     """The op's own pieces, under torch.profiler: per GPU kernel (CUDA) or per top-level torch op
-    (CPU), calls and microseconds per call of fn, largest first (the `top` largest; 0: all). fn runs
-    once more untimed before the n profiled calls; on several ranks every rank must call this (fn
-    may hold collectives). `lead` (CUDA; Timer.lead, the L2 flush) runs before every profiled call,
-    as the api and cached views run it, and its kernels are left out of the rows."""
+    (CPU), calls and microseconds per call of fn, largest first (the `top` largest; 0: all), and the GPU
+    time they cover. fn runs once more untimed before the n profiled calls; on several ranks every rank must
+    call this (fn may hold collectives). `lead` (CUDA; Timer.lead, the L2 flush) runs before every profiled
+    call, as the api and cached views run it, and its kernels are left out."""
     from torch.profiler import ProfilerActivity, profile, record_function
     fn()
     if cuda:
@@ -178,28 +186,34 @@ def kernel_profile(fn, cuda: bool, n: int = 5, top: int = 8, lead=None) -> list[
             fn()
         if cuda:
             torch.cuda.synchronize()
+    busy = None
     if not cuda:
         rows = [{"kernel": ev.key[:80], "calls_per_iter": ev.count / n, "us_per_iter": ev.self_cpu_time_total / n}
                 for ev in prof.key_averages() if ev.self_cpu_time_total and ev.count]
     else:
-        rows = _device_rows(prof.events(), n)
+        events = prof.events()
+        rows, busy = _device_rows(events, n), _busy_us(events, n)
     rows.sort(key=lambda r: -r["us_per_iter"])
-    return rows[:top] if top else rows
+    return KernelProfile(rows[:top] if top else rows, busy)
+
+
+def _kernels(events) -> list:
+    """The profile's GPU kernels: device events less the ranges' own device-side spans (kineto's
+    gpu_user_annotation, named like the range; torch 2.11 has no activity_type, so the range names come from
+    the host side too)."""
+    cpu = torch.autograd.DeviceType.CPU
+    ranges = {FLUSH_RANGE} | {ev.name for ev in events if ev.device_type == cpu and getattr(ev, "is_user_annotation", False)}
+    return [ev for ev in events if ev.device_type != cpu and not ev.is_async and ev.name not in ranges
+            and "annotation" not in (getattr(ev, "activity_type", None) or "")]
 
 
 def _device_rows(events, n: int) -> list[dict]:
-    """Per kernel name: calls and device us per call, less the kernels launched inside FLUSH_RANGE. A range's
-    own device-side span (kineto's gpu_user_annotation, named like the range) is no kernel; torch 2.11
-    has no activity_type, so the range names come from the host side too."""
-    cpu = torch.autograd.DeviceType.CPU
-    ranges = {FLUSH_RANGE} | {ev.name for ev in events if ev.device_type == cpu and getattr(ev, "is_user_annotation", False)}
+    """Per kernel name: calls and device us per call, less the kernels launched inside FLUSH_RANGE."""
     calls, us = {}, {}
-    for ev in events:
-        ranged = ev.name in ranges or "annotation" in (getattr(ev, "activity_type", None) or "")
-        if ev.device_type != cpu and not ev.is_async and not ranged:
-            calls[ev.name] = calls.get(ev.name, 0) + 1
-            us[ev.name] = us.get(ev.name, 0.0) + ev.time_range.elapsed_us()
-    todo = [ev for ev in events if ev.name == FLUSH_RANGE]
+    for ev in _kernels(events):
+        calls[ev.name] = calls.get(ev.name, 0) + 1
+        us[ev.name] = us.get(ev.name, 0.0) + ev.time_range.elapsed_us()
+    todo = [ev for ev in events if ev.name == FLUSH_RANGE and ev.device_type == torch.autograd.DeviceType.CPU]
     while todo:                                   # the flush range and every op under it
         ev = todo.pop()
         todo += ev.cpu_children
@@ -208,6 +222,23 @@ def _device_rows(events, n: int) -> list[dict]:
             us[k.name] -= k.duration
     return [{"kernel": name[:80], "calls_per_iter": calls[name] / n, "us_per_iter": us[name] / n}
             for name in us if calls[name] > 0 and us[name] > 0]
+
+
+def _busy_us(events, n: int) -> float | None:
+    """GPU us per call covered by the call's kernels (the union of their intervals), the flush's kernels (those
+    inside the flush range's device-side span) left out; None where a flush ran but no such span was recorded."""
+    cpu = torch.autograd.DeviceType.CPU
+    spans = [(ev.time_range.start, ev.time_range.end) for ev in events
+             if ev.name == FLUSH_RANGE and ev.device_type != cpu]
+    if not spans and any(ev.name == FLUSH_RANGE for ev in events):
+        return None
+    ivs = sorted((ev.time_range.start, ev.time_range.end) for ev in _kernels(events)
+                 if not any(s <= ev.time_range.start and ev.time_range.end <= e for s, e in spans))
+    busy, end = 0.0, float("-inf")
+    for a, b in ivs:
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
+    return busy / n
 
 
 def measure_alltoall(timer, group, device, bytes_per_rank: int, iters: int = 20, warmup_ms: float = 50):

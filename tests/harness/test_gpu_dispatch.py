@@ -26,8 +26,9 @@ def test_nccl_path_all_gpus(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_no_view_is_faster_than_the_kernels_it_must_contain(tmp_path, dtype):
-    """Every view of a phase moves the same data, so none can take less time than the phase's
-    data-moving kernels (cached: the permute, the exchange and the sort still run); the graph view replays
+    """Every view of a phase moves the same data, so none can take less time than the GPU time the phase's
+    data-moving kernels cover (cached: the permute, the exchange and the sort still run; their union, not
+    their sum: the permute's index and copy kernels overlap as dependent launches); the graph view replays
     the cached calls, checked against the oracle, and api - graph is recorded. The NCCL path at EP 1 passes
     the oracle, is timed by CUDA events, and moves nothing over a link."""
     rc, recs = run(tmp_path, "--ep", "1", "--num-tokens", "4096", "--hidden", "7168", "--num-experts", "256",
@@ -37,11 +38,11 @@ def test_no_view_is_faster_than_the_kernels_it_must_contain(tmp_path, dtype):
     assert all(r["traffic"]["busbw_GBps"] == 0 for r in recs)     # one rank: nothing crosses a link
     assert recs[0]["env"]["gpu"] and recs[0]["env"]["nccl"]
     for r in recs:
-        ksum = r["timing"]["kernel_sum_us"]
+        busy = r["timing"]["kernel_busy_us"]
         cached, graph = r["views"]["cached"], r["views"]["graph"]
         assert "none" not in graph and graph["mode"].startswith("splits known ahead"), graph
-        assert cached["us"] >= 0.95 * ksum and graph["us"] >= 0.95 * ksum, (r["phase"], ksum, cached, graph)
-        cold = cached["kernel_sum_us"]             # the cached call's kernels, each behind the L2 flush
+        assert cached["us"] >= 0.95 * busy and graph["us"] >= 0.95 * busy, (r["phase"], busy, cached, graph)
+        cold = cached["kernel_busy_us"]            # the cached call's kernels, each behind the L2 flush
         assert cached["us"] >= 0.95 * cold and graph["us"] >= 0.95 * cold, (r["phase"], cold, graph)
         api_graph = r["timing"]["median_us"] - graph["us"]
         assert r["timing"]["api_minus_graph_us"] == pytest.approx(api_graph, abs=1e-3)

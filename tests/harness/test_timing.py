@@ -78,12 +78,12 @@ def test_launch_hides_behind_the_flush_only_when_there_is_one():
 
 class _Ev:
     """A torch.profiler FunctionEvent as _device_rows reads it."""
-    def __init__(self, name, device=False, us=0.0, kernels=(), children=(), activity=None):
+    def __init__(self, name, device=False, us=0.0, kernels=(), children=(), activity=None, start=0.0):
         self.name, self.is_async, self.kernels, self.cpu_children = name, False, list(kernels), list(children)
         if activity:              # torch 2.13 names the activity; 2.11 FunctionEvents have no such field
             self.activity_type = activity
         self.device_type = torch.autograd.DeviceType.CUDA if device else torch.autograd.DeviceType.CPU
-        self.time_range = type("R", (), {"elapsed_us": lambda _self: us})()
+        self.time_range = type("R", (), {"elapsed_us": lambda _self: us, "start": start, "end": start + us})()
 
 
 def test_device_rows_leave_out_the_kernels_under_the_flush_range():
@@ -106,6 +106,23 @@ def test_device_rows_leave_out_the_kernels_under_the_flush_range():
     assert {r["kernel"]: r["calls_per_iter"] for r in no_flush} == {"copy": 1.0, "reduce": 2.0}
 
 
+def test_busy_time_is_the_union_of_the_calls_kernels_without_the_flush():
+    """Two calls, each a flush (its kernel inside the range's device span) then an index kernel that a
+    dependent copy overlaps by 3 us: the busy time is what the call's kernels cover, not their sum."""
+    events = []
+    for t0 in (0.0, 1000.0):
+        events += [_Ev(timing.FLUSH_RANGE), _Ev(timing.FLUSH_RANGE, True, 95.0, start=t0),
+                   _Ev("flush_reduce", True, 90.0, start=t0 + 2),
+                   _Ev("route", True, 5.0, start=t0 + 100), _Ev("copy", True, 20.0, start=t0 + 102)]
+    assert timing._busy_us(events, 2) == pytest.approx(22.0)          # 100..122, against a sum of 25
+    assert sum(r["us_per_iter"] for r in timing._device_rows(events, 2) if r["kernel"] != "flush_reduce") == 25.0
+    no_flush = [e for e in events if e.name not in (timing.FLUSH_RANGE, "flush_reduce")]
+    assert timing._busy_us(no_flush, 2) == pytest.approx(22.0)
+    # a flush ran but its device span is missing: the flush's kernels cannot be told apart
+    no_span = [e for e in events if not (e.name == timing.FLUSH_RANGE and e.device_type != torch.autograd.DeviceType.CPU)]
+    assert timing._busy_us(no_span, 2) is None
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_flushed_profile_is_the_call_alone_on_a_cold_l2():
@@ -114,9 +131,10 @@ def test_flushed_profile_is_the_call_alone_on_a_cold_l2():
     x = torch.ones(4 << 20, device="cuda")
     timer = timing.Timer(torch.device("cuda"))
     fn = lambda: x.mul_(1.0)  # noqa: E731
-    flush = {r["kernel"] for r in timing.kernel_profile(timer.lead, True, top=0)}
-    warm = timing.kernel_profile(fn, True, top=0)
-    cold = timing.kernel_profile(fn, True, top=0, lead=timer.lead)
+    flush = {r["kernel"] for r in timing.kernel_profile(timer.lead, True, top=0).rows}
+    warm, _ = timing.kernel_profile(fn, True, top=0)
+    cold, busy = timing.kernel_profile(fn, True, top=0, lead=timer.lead)
     assert [r["kernel"] for r in cold] == [r["kernel"] for r in warm] and not flush & {r["kernel"] for r in cold}
     assert all(r["calls_per_iter"] == 1.0 for r in cold), cold
     assert cold[0]["us_per_iter"] > warm[0]["us_per_iter"], (cold, warm)
+    assert busy == pytest.approx(cold[0]["us_per_iter"], rel=0.01), (busy, cold)     # one kernel, no flush in it

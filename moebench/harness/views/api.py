@@ -19,10 +19,10 @@ def run(case: Case) -> dict:
         st = timer.run(fn, spec.iters, spec.warmup_ms)
         case.stats[phase] = st
         case.timing[phase] = st.asdict()
-        rows = profile(fn, timer) if (timer.cuda or spec.profile) else None
-        if rows is not None:
-            case.rows[phase] = rows
+        prof = profile(fn, timer) if (timer.cuda or spec.profile) else None
+        if prof is not None:
+            case.rows[phase] = prof.rows
             if timer.cuda:
-                case.timing[phase].update(host_split(st.median_us, rows))
+                case.timing[phase].update(host_split(st.median_us, prof))
         out[phase] = figure(st.median_us, st.median_us, AGG, st.samples_us, iters=st.iters)
     return out

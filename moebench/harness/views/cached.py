@@ -29,7 +29,8 @@ def one(case: Case, fn) -> dict:
     per_iter = timer.agree_max([t * 1e6 for t in times])       # for A/B verdicts on this view (report, flags)
     extra = {}
     if timer.cuda:
-        rows = profile(fn, timer, flushed=True)
-        extra = {"kernel_sum_us": per_rank(timer, sum(r["us_per_iter"] for r in rows), case.rank)[0],
-                 "kernels": rows[:KERNEL_ROWS]}
+        rows, busy = profile(fn, timer, flushed=True)
+        mine = [sum(r["us_per_iter"] for r in rows), -1.0 if busy is None else busy]
+        ksum, busy = timer.agree_max(mine if case.rank == 0 else [float("-inf")] * 2)      # rank 0's, as api's
+        extra = {"kernel_sum_us": ksum, "kernel_busy_us": busy if busy >= 0 else None, "kernels": rows[:KERNEL_ROWS]}
     return figure(r0, mx, AGG, per_iter, iters=len(times), **extra)

@@ -2,22 +2,24 @@
 per call, from the profiler (timing.kernel_profile)."""
 from __future__ import annotations
 
-from ..timing import Timer, kernel_profile
+from ..timing import KernelProfile, Timer, kernel_profile
 
 KERNEL_ROWS = 8      # the largest kernels of a phase (or of its cached call) kept in the record
 
 
-def profile(fn, timer: Timer, flushed: bool = False) -> list[dict]:
-    """Every kernel of the call (untruncated): calls back to back, or (flushed) each behind the timer's L2
-    flush as the api, cached and graph views time it."""
+def profile(fn, timer: Timer, flushed: bool = False) -> KernelProfile:
+    """Every kernel of the call (untruncated) and the GPU time they cover: calls back to back, or (flushed) each
+    behind the timer's L2 flush as the api, cached and graph views time it."""
     lead = timer.lead if (flushed and timer.flushes) else None
     return kernel_profile(fn, timer.cuda, top=0, lead=lead)
 
 
-def host_split(median_us: float, rows: list[dict]) -> dict:
-    """Host time of a phase: what its api median holds beyond the sum of its kernels."""
-    ksum = sum(r["us_per_iter"] for r in rows)
-    return {"kernel_sum_us": ksum, "host_us": median_us - ksum}
+def host_split(median_us: float, prof: KernelProfile) -> dict:
+    """Host time of a phase: what its api median holds beyond the GPU time its kernels cover (their sum where
+    the overlap is unknown)."""
+    ksum = sum(r["us_per_iter"] for r in prof.rows)
+    busy = prof.busy_us if prof.busy_us is not None else ksum
+    return {"kernel_sum_us": ksum, "kernel_busy_us": prof.busy_us, "host_us": median_us - busy}
 
 
 def per_rank(timer: Timer, value: float, rank: int, *more: float) -> list[float]:
