@@ -160,6 +160,8 @@ def _triton_case(T, H, K, E, pad, fp8, idt):
 @pytest.mark.parametrize("tma,cs", [(1, 0), (0, 0), (0, 1)], ids=["tma", "plain", "streaming"])
 @pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: "x".join(map(str, c[:5])))
 def test_triton_matches_reference(case, tma, cs, monkeypatch):
+    if case[0] >= 300 and (tma, cs) != (0, 1):       # ~12 s each in the interpreter: the CPU tier's time
+        pytest.skip("this case is for the index work (several rank blocks, E > 256): the default copy only")
     from moebench.ops import triton_impl
     monkeypatch.setattr(triton_impl, "DEFAULT_KNOBS",
                         triton_impl.DEFAULT_KNOBS._replace(copy_tma=tma, copy_cs=cs))
