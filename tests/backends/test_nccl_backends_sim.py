@@ -65,7 +65,8 @@ def small(**kw):
 CASES = [(small(), "ncclep", {"mode": "ht"}), (small(dtype="fp8"), "ncclep", {"mode": "ht"}),
          (small(), "ncclep", {"mode": "ll"}), (small(dtype="fp8"), "ncclep", {"mode": "ll"}),
          (small(), "deepep-v2", {}), (small(dtype="fp8"), "deepep-v2", {}),
-         (small(), "deepep-v2", {"expand": 1})]
+         (small(), "deepep-v2", {"expand": 1}),
+         (small(), "deepep-v2", {"num_qps": 200})]      # above the automatic 129 QPs: allocated as asked
 
 
 @pytest.mark.slow
