@@ -21,6 +21,7 @@ export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM
 source bench/device_env.sh
 exec > >(tee -a "$OUT/nextgen-$GPU.txt") 2>&1
 P=.ext/packs NB=/tmp/nccl-build V2=/tmp/deepep-v2 PYPKG=/tmp/ncclpy
+export DEEPEP_PIECES="$P/deepep-nvshmem.tar.xz.*"              # the V1 / HybridEP build (device_env.sh)
 D="python3 -m moebench.dispatch --device cuda"
 BIG="--num-tokens 4096 --hidden 7168 --num-experts 256 --topk 8"
 SMALL="--num-tokens 64 --hidden 2048 --num-experts 16 --topk 4"
