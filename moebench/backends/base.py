@@ -235,8 +235,10 @@ class Backend:
         return self.knob_values.get("num_sms")
 
     def knobs(self) -> dict:
-        """Settings that shaped the run (SMs, chunk sizes, env, implementation choices); `num_sms_used` always."""
-        return {**self.knob_values, "num_sms_used": self.sms_used()}
+        """Settings that shaped the run (SMs, chunk sizes, env, implementation choices): the knobs this backend
+        reads (a run's --knob goes to every backend) and env: ones; `num_sms_used` always."""
+        mine = {k: v for k, v in self.knob_values.items() if k in self.KNOBS or k.startswith(ENV_KNOB)}
+        return {**mine, "num_sms_used": self.sms_used()}
 
     def teardown(self) -> None:
         pass

@@ -195,7 +195,7 @@ class NcclEPBackend(NcclFamily):
             self._bind(topk_idx_TK)
             if self.mode == "ht":
                 return self._ht(x_TH, topk_w_TK, scales_TS, None)
-            d = self._ll(x_TH, topk_idx_TK, topk_w_TK, scales_TS, None)
+            d = self._ll(x_TH, topk_idx_TK, topk_w_TK, scales_TS)
         return d
 
     def _ht(self, x_TH, topk_w_TK, scales_TS, counts):
@@ -212,7 +212,8 @@ class NcclEPBackend(NcclFamily):
         return Dispatched(self.rows[:n], counts, _Handle(self.handle, weights_R=self.weights[:n]),
                           self.rows_s[:n] if scales_TS is not None else None)
 
-    def _ll(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, rows_R):
+    def _ll(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, rows_R=None, counts=None):
+        """Into the fixed slots; `rows_R` / `counts` None: found from the counts the dispatch wrote (a host wait)."""
         T = self.ep.Tensor
         self.handle.dispatch(
             self.ep.DispatchInputs(tokens=T(x_TH), scales=T(scales_TS) if scales_TS is not None else None),
@@ -223,7 +224,7 @@ class NcclEPBackend(NcclFamily):
         if rows_R is None:           # which slots hold rows: from the counts (one host wait); combine needs none
             mask = torch.arange(M, device=self.recv.device)[None, :] < self.counts[:, None]
             rows_R = mask.view(-1).nonzero().squeeze(1)
-        counts = [int(c) for c in self.counts.tolist()]
+        counts = counts if counts is not None else [int(c) for c in self.counts.tolist()]
         scales = self.recv_s.flatten(0, 1)[rows_R] if self.fp8 else None
         return Dispatched(self.recv.flatten(0, 1)[rows_R], counts,
                           _Handle(self.handle, rows_R=rows_R, topk_idx=topk_idx_TK, topk_w=topk_w_TK.float()), scales)
@@ -238,12 +239,12 @@ class NcclEPBackend(NcclFamily):
         T = self.ep.Tensor
         out = torch.empty(self.w.num_tokens, self.w.hidden, dtype=torch.bfloat16, device=y_RH.device)
         if self.mode == "ht":           # combine's input has dispatch's output shape: the budget's rows
-            n = h.weights_R.shape[0]
-            self.combine_in[:n].copy_(y_RH[:n].float() * h.weights_R[:, None])
+            n = h.weights_R.shape[0]      # one fused multiply in fp32, written as bf16 (no fp32 copy of the rows)
+            torch.mul(y_RH[:n], h.weights_R[:, None], out=self.combine_in[:n])
             h.native.combine(self.ep.CombineInputs(tokens=T(self.combine_in)), self.ep.CombineOutputs(tokens=T(out)),
                              stream=self._stream())
         else:
-            self.combine_in.view(-1, self.w.hidden)[h.rows_R] = y_RH[: h.rows_R.shape[0]]
+            self.combine_in.view(-1, self.w.hidden).index_copy_(0, h.rows_R, y_RH[: h.rows_R.shape[0]])
             h.native.combine(self.ep.CombineInputs(tokens=T(self.combine_in)),
                              self.ep.CombineOutputs(tokens=T(out), topk_weights=T(h.topk_w.contiguous())),
                              stream=self._stream())
@@ -257,7 +258,7 @@ class NcclEPBackend(NcclFamily):
         if self.mode == "ht":
             dispatch = lambda: self._ht(x_TH, topk_w_TK, scales_TS, counts)            # noqa: E731
         else:
-            dispatch = lambda: self._ll(x_TH, topk_idx_TK, topk_w_TK, scales_TS, h.rows_R)   # noqa: E731
+            dispatch = lambda: self._ll(x_TH, topk_idx_TK, topk_w_TK, scales_TS, h.rows_R, counts)   # noqa: E731
         return {"dispatch": dispatch, "combine": lambda: self._combine(y_RH, h)}
 
     def graph_plan(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
