@@ -208,12 +208,18 @@ def _kernels(events) -> list:
 
 
 def _device_rows(events, n: int) -> list[dict]:
-    """Per kernel name: calls and device us per call, less the kernels launched inside FLUSH_RANGE."""
+    """Per kernel name: calls and device us per call, less the kernels launched inside FLUSH_RANGE: those inside
+    its device-side span where the profile has one (kernels launched by no torch op, e.g. a sleep kernel or an
+    extension's barrier, are found only so), else those of the torch ops under it."""
+    cpu = torch.autograd.DeviceType.CPU
+    spans = _flush_spans(events)
     calls, us = {}, {}
     for ev in _kernels(events):
+        if any(s <= ev.time_range.start and ev.time_range.end <= e for s, e in spans):
+            continue
         calls[ev.name] = calls.get(ev.name, 0) + 1
         us[ev.name] = us.get(ev.name, 0.0) + ev.time_range.elapsed_us()
-    todo = [ev for ev in events if ev.name == FLUSH_RANGE and ev.device_type == torch.autograd.DeviceType.CPU]
+    todo = [] if spans else [ev for ev in events if ev.name == FLUSH_RANGE and ev.device_type == cpu]
     while todo:                                   # the flush range and every op under it
         ev = todo.pop()
         todo += ev.cpu_children
@@ -224,12 +230,17 @@ def _device_rows(events, n: int) -> list[dict]:
             for name in us if calls[name] > 0 and us[name] > 0]
 
 
+def _flush_spans(events) -> list[tuple[float, float]]:
+    """The device-side spans of FLUSH_RANGE (kineto's gpu_user_annotation: from the first to the last kernel
+    launched inside it)."""
+    return [(ev.time_range.start, ev.time_range.end) for ev in events
+            if ev.name == FLUSH_RANGE and ev.device_type != torch.autograd.DeviceType.CPU]
+
+
 def _busy_us(events, n: int) -> float | None:
     """GPU us per call covered by the call's kernels (the union of their intervals), the flush's kernels (those
     inside the flush range's device-side span) left out; None where a flush ran but no such span was recorded."""
-    cpu = torch.autograd.DeviceType.CPU
-    spans = [(ev.time_range.start, ev.time_range.end) for ev in events
-             if ev.name == FLUSH_RANGE and ev.device_type != cpu]
+    spans = _flush_spans(events)
     if not spans and any(ev.name == FLUSH_RANGE for ev in events):
         return None
     ivs = sorted((ev.time_range.start, ev.time_range.end) for ev in _kernels(events)
