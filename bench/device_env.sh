@@ -30,7 +30,7 @@ pack_deepep() {
 use_deepep_build() {
   if [ ! -d "$DEEPEP_BUILD" ]; then
     step "unpack the carried DeepEP build"
-    mkdir -p "$(dirname "$DEEPEP_BUILD")" && cat .ext/deepep-pack/deepep-nvshmem.tar.xz.* | tar -xJ -C "$(dirname "$DEEPEP_BUILD")"
+    mkdir -p "$(dirname "$DEEPEP_BUILD")" && cat ${DEEPEP_PIECES:-.ext/deepep-pack/deepep-nvshmem.tar.xz.*} | tar -xJ -C "$(dirname "$DEEPEP_BUILD")"
   fi
   export PYTHONPATH="$PYTHONPATH:$DEEPEP_BUILD"
 }

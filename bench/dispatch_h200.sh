@@ -14,8 +14,9 @@
 #           setup: memory rows and soak records with where each call's time went (functional); SHARED_BACKENDS
 #           picks fewer; SOAK_VIEWS the views (default api,graph: the graph's replays are soaked too); END (seconds
 #           after the script's start) shares what is left of it among the soaks
-#   gputier pytest -m gpu over tests/ with the DeepEP build on the path, timed (goal: under 5 minutes); TIER_TESTS
-#           names fewer paths (a partial run, not the gate)
+#   gputier pytest -m gpu over tests/ with the DeepEP build on the path, timed (goal: under 5 minutes): the backends'
+#           oracle cases side by side (TIER_WORKERS, default 4), then the rest; TIER_TESTS names fewer paths (a partial
+#           run, not the gate); bench/nextgen_h200.sh runs it with ncclep and deepep-v2 expected
 # Usage on the device: MOEBENCH_GIT_SHA=<sha> bash bench/dispatch_h200.sh fp8q build pack shared
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -63,11 +64,20 @@ gputier)
   # the CUDA extension is built first, as an install builds it (setup.py): its JIT build is not test time
   b0=$SECONDS; python3 -c "import moebench.ops as o; print('impl_status', o.impl_status())" 2>&1 | tail -2
   echo "# moebench._C build: $((SECONDS - b0)) s"
-  step "pytest -m gpu ${TIER_TESTS:-tests} (DeepEP on the path)"
-  # -v and a seconds-since-start stamp per line: which tests took the time, even when the timeout cuts the run
-  timeout "${TIER_TIMEOUT:-330}" python3 -m pytest -v -m gpu ${TIER_TESTS:-tests} -p no:cacheprovider --durations=25 2>&1 \
-    | { s0=$SECONDS; while IFS= read -r l; do printf '%4d %s\n' $((SECONDS - s0)) "$l"; done; } > "$OUT/gpu-tier.log"
-  echo "gpu tier rc=${PIPESTATUS[0]}"; grep -E "passed|failed|error" "$OUT/gpu-tier.log" | tail -3 ;;
+  # -v and a seconds-since-start stamp per line: which tests took the time, even when the timeout cuts the run.
+  # The backends' oracle cases (each its own rank processes, shared-GPU ranks, no timing asserted) run side by side
+  # on the GPU's memory (-n TIER_WORKERS); the rest, timings among them, one at a time after them.
+  stamp() { s0=$SECONDS; while IFS= read -r l; do printf '%4d %s\n' $((SECONDS - s0)) "$l"; done; }
+  if [ -n "${TIER_TESTS:-}" ]; then groups=("$TIER_TESTS"); else groups=("tests/backends -n ${TIER_WORKERS:-4}" \
+    "tests --ignore=tests/backends"); fi
+  : > "$OUT/gpu-tier.log"; g0=$SECONDS
+  for g in "${groups[@]}"; do
+    step "pytest -m gpu $g (DeepEP on the path)"
+    timeout "${TIER_TIMEOUT:-330}" python3 -m pytest -v -m gpu $g -p no:cacheprovider --durations=15 2>&1 | stamp \
+      >> "$OUT/gpu-tier.log"
+    echo "gpu tier ($g) rc=${PIPESTATUS[0]}"; grep -E "passed|failed|error" "$OUT/gpu-tier.log" | tail -1
+  done
+  echo "# gpu tier: $((SECONDS - g0)) s in all" | tee -a "$OUT/gpu-tier.log" ;;
 *) echo "unknown step $s" ;;
 esac; done
 step done

@@ -8,10 +8,16 @@
 #   build   make src.build for $NCCL_ARCH (default 90) into $NCCL_BUILD (default .ext/nccl-build), $MAX_JOBS jobs;
 #           writes $OUT/nccl-build.json (version the library reports, seconds, size, flags)
 #   pack    that build's lib/ and include/ as xz pieces under $OUT (carry them back as .ext/nccl-pack)
-#   unpack  the carried pieces into $NCCL_BUILD (skipped while this machine still has the build)
-# Then run the ranks with LD_PRELOAD=$NCCL_BUILD/lib/libnccl.so.2 (torch maps it instead of its own; NCCL EP and
-# DeepEP V2 call the one mapped), EP_NCCL_ROOT_DIR=$NCCL_BUILD (DeepEP V2's check and JIT headers) and
-# NCCL_HOME=$NCCL_BUILD (NCCL EP's JIT headers). Records name the libnccl each rank loaded (env/nccl.py).
+#   unpack  the carried pieces ($NCCL_PIECES, default .ext/nccl-pack/nccl-build.tar.xz.*) into $NCCL_BUILD's folder
+#           (skipped while this machine still has the build)
+#   layout  $NCCL_LAYOUT (default $NCCL_BUILD-layout)/nvidia/nccl/{lib/libnccl.so.2,include} pointing at the build,
+#           and the line that makes a process use it, printed (stdout) for `eval`:
+#             export PYTHONPATH=<layout>:... NCCL_HOME=<build> EP_NCCL_ROOT_DIR=<build>
+# Why a layout and not LD_PRELOAD: torch (2.11) loads nvidia/nccl/lib/libnccl.so.2 from sys.path by absolute path
+# at import, so a preloaded build leaves two libnccl mapped (DeepEP V2's import stops: "Duplicate NCCL runtime
+# found"; moebench refuses the run naming both). With the layout first on PYTHONPATH torch itself loads the build,
+# as it loads a pip-installed nvidia-nccl-cu13 >= 2.30.4 (the user's route). NCCL_HOME is NCCL EP's JIT headers,
+# EP_NCCL_ROOT_DIR DeepEP V2's check and JIT headers. Records name the libnccl each rank loaded (env/nccl.py).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 SRC=${NCCL_SRC:-.ext/nccl} B=${NCCL_BUILD:-$PWD/.ext/nccl-build} ARCH=${NCCL_ARCH:-90}
@@ -37,6 +43,12 @@ pack)
   tar -C "$(dirname "$B")" -I 'xz -T0 -3' -cf /tmp/nccl.tar.xz "$(basename "$B")/lib" "$(basename "$B")/include" \
     && ls -la /tmp/nccl.tar.xz && split -b 15M /tmp/nccl.tar.xz "$OUT/nccl-build.tar.xz." ;;
 unpack)
-  [ -d "$B/lib" ] || { mkdir -p "$(dirname "$B")" && cat .ext/nccl-pack/nccl-build.tar.xz.* | tar -xJ -C "$(dirname "$B")"; } ;;
+  [ -d "$B/lib" ] || { mkdir -p "$(dirname "$B")" && cat ${NCCL_PIECES:-.ext/nccl-pack/nccl-build.tar.xz.*} \
+    | tar -xJ -C "$(dirname "$B")"; } ;;
+layout)
+  L=${NCCL_LAYOUT:-$B-layout}
+  mkdir -p "$L/nvidia/nccl/lib" && ln -sfn "$B/lib/libnccl.so.2" "$L/nvidia/nccl/lib/libnccl.so.2" \
+    && ln -sfn "$B/include" "$L/nvidia/nccl/include" || exit 1
+  echo "export PYTHONPATH=$L\${PYTHONPATH:+:\$PYTHONPATH} NCCL_HOME=$B EP_NCCL_ROOT_DIR=$B" ;;
 *) echo "unknown step $s" ;;
 esac; done

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .. import ops
-from .base import OPS_IMPL, Backend, Dispatched
+from .base import NCCL_SMS, OPS_IMPL, Backend, Dispatched
 
 
 @dataclass
@@ -47,6 +47,9 @@ class AlltoallBackend(Backend):
         L, W = w.local_experts, self.world
         self.to_expert_major = torch.tensor([s * L + j for j in range(L) for s in range(W)], device=device)
         self.to_rank_major = torch.tensor([j * W + s for s in range(W) for j in range(L)], device=device)
+
+    def sms_used(self):
+        return NCCL_SMS
 
     def knobs(self):
         ops_used = {op: (ops.best_impl(self.device, op) if self.impl == "auto" else self.impl)

@@ -99,6 +99,7 @@ class Knob:
         return ""
 
 
+NCCL_SMS = "nccl"    # sms_used() of the NCCL all-to-all paths: NCCL picks its channels (one CTA each) per call
 OPS_IMPL = Knob(choices=("auto", *IMPLS))    # moebench's local permute / unpermute (auto: the fastest per op)
 SWITCH = Knob(choices=(0, 1))
 
@@ -132,6 +133,8 @@ class Backend:
     # Timing view `kernel`: substrings of the profiler names of this backend's communication kernels
     # (the local permute and weighting kernels are not among them); () = no kernel view.
     comm_kernels: ClassVar[tuple[str, ...]] = ()
+    kernel_view: ClassVar[str] = ""          # "bench_kineto": the kernel view profiles as DeepEP's tests (views/kernel)
+    cached_loop: ClassVar[str] = ""          # "ep_bench": the cached view times as NCCL EP's ep_bench (views/cached)
     no_cached_view: ClassVar[str] = "this backend has no call that reuses the dispatch handle"
     no_graph_view: ClassVar[str] = "this backend has no dispatch without a host sync (nothing to capture)"
     KNOBS: ClassVar[dict[str, Knob]] = {}             # the knob names this backend reads, and their values
@@ -199,11 +202,21 @@ class Backend:
         """A GraphPlan of the cached calls, where those are graph-safe (the checked handle reused)."""
         return GraphPlan(mode, cached["dispatch"], lambda d_graph: cached["combine"]())
 
+    def barrier(self) -> None:
+        """The ranks meet (the kernel view's bench_kineto mode): the backend's own barrier where it has one."""
+        torch.distributed.barrier(self.group)
+
     def native_bytes(self, d: Dispatched) -> int | None:
         """This rank's received dispatch bytes as the upstream test counts them (DeepEP and HybridEP:
         recv_x.numel() * 2, fp8 x (1 + 4/128) / 2), from the real call's output; None when the backend
-        has no upstream rule. The runner asserts it equals moebench's byte rule for the rank."""
+        has no upstream rule. The runner asserts it equals the rank's received (token, rank) pairs times
+        native_rule's bytes per row."""
         return None
+
+    def native_rule(self, w: Workload) -> tuple[int, str]:
+        """(bytes per received (token, rank) row, the rule's name) that native_bytes counts: the payload, moebench's
+        own rule, unless the upstream test counts more per row (core/traffic.py's upstream rules)."""
+        return w.bytes_per_token, "moebench/1"
 
     def dense_routing(self, topk_idx_TK, topk_w_TK):
         """routing_map_and_probs(), cached while the same, unmodified routing tensors come again:
@@ -216,9 +229,14 @@ class Backend:
             self._route_src = src
         return src[3], src[4]
 
+    def sms_used(self) -> int | str | None:
+        """The SMs the backend's communication kernels used (the table's SMs column): the count it resolved, or
+        a word where the library decides per call (NCCL's channels); the knob where that is all that is known."""
+        return self.knob_values.get("num_sms")
+
     def knobs(self) -> dict:
-        """Settings that shaped the run (SMs, chunk sizes, env, implementation choices)."""
-        return dict(self.knob_values)
+        """Settings that shaped the run (SMs, chunk sizes, env, implementation choices); `num_sms_used` always."""
+        return {**self.knob_values, "num_sms_used": self.sms_used()}
 
     def teardown(self) -> None:
         pass

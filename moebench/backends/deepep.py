@@ -102,6 +102,9 @@ class DeepEPBackend(Backend):
         rdma = max(c.get_rdma_buffer_size_hint(hidden_bytes, R) for c in self.configs) if R > 8 else 0
         return new_buffer(Buffer, group, nvl, rdma)
 
+    def sms_used(self):
+        return getattr(self, "num_sms", None)
+
     def knobs(self):
         return {**super().knobs(), "num_sms": getattr(self, "num_sms", None), "local_permute_impl": getattr(self, "impl", None)}
 

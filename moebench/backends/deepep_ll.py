@@ -102,6 +102,14 @@ class DeepEPLowLatencyBackend(DeepEPBackend):
         self.combine_in = torch.empty(L, R * w.num_tokens, w.hidden, dtype=torch.bfloat16, device=self.device)
         return buffer
 
+    def sms_used(self):
+        """DeepEP's low-latency kernels: ceil(E / warp groups), warp groups = ceil(E / device SMs)
+        (csrc/kernels/internode_ll.cu dispatch and combine launchers)."""
+        if getattr(self, "device", None) is None or self.device.type != "cuda":
+            return None
+        E, sms = self.w.num_experts, torch.cuda.get_device_properties(self.device).multi_processor_count
+        return -(-E // -(-E // sms))
+
     def knobs(self):
         return {**Backend.knobs(self), "local_permute_impl": getattr(self, "impl", None),
                 "nvshmem_qp_depth": getattr(self, "qp_depth", None)}

@@ -10,12 +10,18 @@ expert), as its test's "expanded dispatch"; with alignment 1, since DeepEP retur
 and the oracle needs the true ones. fp8 travels as (e4m3 [T,H], fp32 scales
 [T,H/128]), the scale form its tests use, so the oracle checks rows and scales bit for bit.
 
-Timing, as tests/elastic/test_ep.py: it times kernels only (bench_kineto; dispatch = `dispatch_impl`, combine =
-`combine_impl`; the copy and reduce epilogues apart): the `kernel` view. `cached`: dispatch with the checked
-dispatch's handle (no CPU sync), as its "cached dispatch" (DeepEP refuses a cached expanded dispatch). Byte rule of
-its test (native_bytes, dispatch): received (token, rank) rows, local included, x their payload plus scales plus
-the top-k ids (int64) and weights (fp32) it sends along. Knobs are what its test sets per run: num_sms (0: DeepEP's
-own choice), num_qps, allow_hybrid_mode, allow_multiple_reduction, prefer_overlap_with_compute, deterministic.
+Timing, as tests/elastic/test_ep.py: it times kernels only (bench_kineto: the L2 flushed and the ranks met with
+buffer.barrier() behind a ~10 ms sleep kernel before each call; dispatch = `dispatch_impl`, combine =
+`combine_impl`, the copy and reduce epilogues reported apart): the `kernel` view, timed so (`kernel_view`). Combine
+passes the received top-k weights, as its test does (DeepEP carries them back beside the rows: they are part of its
+combine bytes; moebench weighs the rows itself). `cached`: dispatch with the checked dispatch's handle (no CPU
+sync) and the SMs that dispatch used, as its "cached dispatch" (DeepEP refuses a cached expanded dispatch). Byte
+rule of its test (`traffic.deepep_v2_row_bytes`, checked against native_bytes): received (token, rank) rows, local
+included, x their payload plus scales plus the top-k ids (int64) and weights (fp32) it sends along. Knobs are what
+its test sets per run: num_sms (0: DeepEP's get_theoretical_num_sms), num_qps (0: get_theoretical_num_qps; a count
+above the allocated QPs asserts, so the buffer allocates what is asked, as its test does), allow_hybrid_mode,
+allow_multiple_reduction, prefer_overlap_with_compute, deterministic. The SMs and QPs each call used are recorded.
+Shared-GPU ranks run without NCCL GIN (EP_DISABLE_GIN=1, a named bypass): NCCL has no GIN between ranks of one GPU.
 Compiled kernels are cached in EP_JIT_CACHE_DIR (DeepEP's default $HOME/.deep_ep), recorded in the knobs.
 
 Legend: T tokens, H hidden, K top-k, L local experts, N received tokens, R grouped rows.
@@ -28,12 +34,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core import traffic
 from ..core.reference import counts
 from ..core.workload import WorkloadError
 from ..env.toolkit import dist_version, installed
 from .base import OPS_IMPL, SWITCH, Dispatched, Knob, Unavailable
 from .deepep_family import Grouped, group_by_local_expert, weighted_rows
-from .nccl_family import NcclFamily, native_output
+from .nccl_family import GIN_ENV, GIN_NOTE, NcclFamily, native_output
 
 INSTALL = ("install DeepEP V2 (deepseek-ai/DeepEP main, or branch epv2-release) in its own environment: it needs NCCL "
            ">= 2.30.4 at build and run time (EP_NCCL_ROOT_DIR) and shares the package name deep_ep with V1")
@@ -48,6 +55,7 @@ class _Handle:
     recv_idx_NK: torch.Tensor | None
     recv_w: torch.Tensor           # [N, K] received top-k weights, or [R] per expanded row
     rows: int                      # received (token, rank) rows, or expanded rows
+    row_bytes: int = 0             # what one received row carries (x, scales, top-k ids and weights): test_ep's count
 
 
 class DeepEPV2Backend(NcclFamily):
@@ -57,6 +65,8 @@ class DeepEPV2Backend(NcclFamily):
     KNOBS = {"num_sms": Knob(low=0), "num_qps": Knob(low=0), "expand": SWITCH, "ops_impl": OPS_IMPL,
              **{k: SWITCH for k in SWITCHES}}
     comm_kernels = ("dispatch_impl", "combine_impl")        # test_ep.py's bench_kineto names
+    kernel_view = "bench_kineto"                              # its kernel view times each call as test_ep.py does
+    shared_gpu_bypasses = {GIN_ENV: GIN_NOTE}
     no_cached_view = "DeepEP V2 refuses a cached dispatch of expanded rows (expand=1)"
     no_graph_view = "DeepEP V2 claims no CUDA-graph support and has no graph test (not captured here)"
 
@@ -102,11 +112,18 @@ class DeepEPV2Backend(NcclFamily):
         with native_output("deepep-v2: ElasticBuffer (NCCL communicator, buffers)"):
             self.buffer = self.deep_ep.ElasticBuffer(group, num_max_tokens_per_rank=w.num_tokens, hidden=w.hidden,
                                                      num_topk=w.topk, use_fp8_dispatch=w.dtype == "fp8",
-                                                     explicitly_destroy=True, **flags)
+                                                     num_allocated_qps=self.qps, explicitly_destroy=True, **flags)
         self.flags, self.used_sms = flags, None
 
+    def sms_used(self):
+        return self.used_sms
+
     def knobs(self):
-        return {**super().knobs(), "expand": getattr(self, "expand", None), "num_sms_used": self.used_sms,
+        buf = getattr(self, "buffer", None)
+        qps = {"num_qps_used": buf.get_theoretical_num_qps(self.used_sms) if buf is not None and self.used_sms and
+               not self.qps else self.qps or None,
+               "num_allocated_qps": getattr(buf, "num_allocated_qps", None)}
+        return {**super().knobs(), "expand": getattr(self, "expand", None), **qps,
                 **getattr(self, "flags", {}), "libnccl": getattr(self, "nccl", None),
                 "jit_cache_dir": os.environ.get("EP_JIT_CACHE_DIR", os.path.expanduser("~/.deep_ep")),
                 "deep_ep_version": getattr(getattr(self, "deep_ep", None), "__version__", None)}
@@ -128,7 +145,8 @@ class DeepEPV2Backend(NcclFamily):
             counts = list(native.num_recv_tokens_per_expert_list)
             return Dispatched(recv_x, counts, _Handle(native, None, None, recv_w, recv_x.shape[0]), recv_s)
         g = group_by_local_expert(recv_x, recv_idx, recv_w, w.local_experts, recv_s, impl=self.impl)
-        return Dispatched(g.x_RH, g.tokens_per_expert, _Handle(native, g, recv_idx, recv_w, recv_x.shape[0]),
+        row_bytes = sum(t.element_size() * t.shape[1] for t in (recv_x, recv_s, recv_idx, recv_w) if t is not None)
+        return Dispatched(g.x_RH, g.tokens_per_expert, _Handle(native, g, recv_idx, recv_w, recv_x.shape[0], row_bytes),
                           g.scales_RS, g.probs_R)
 
     def combine(self, y_RH, handle: _Handle):
@@ -142,7 +160,8 @@ class DeepEPV2Backend(NcclFamily):
             rows = (y_RH[: h.rows].float() * h.recv_w[:, None]).to(torch.bfloat16)
         else:
             rows = weighted_rows(y_RH, h.grouped, self.impl)
-        return self.buffer.combine(rows, h.native)[0]
+        # the received weights travel back beside the rows, as test_ep.py's combine passes them (not applied there)
+        return self.buffer.combine(rows, h.native, topk_weights=h.recv_w)[0]
 
     def cached_phases(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
         """test_ep.py's cached dispatch, dispatch(x, handle=) (no CPU sync), then the same grouping with the row count
@@ -152,8 +171,8 @@ class DeepEPV2Backend(NcclFamily):
             return {}
         rows = sum(counts(d.tokens_per_expert))
 
-        def dispatch():
-            recv = self.buffer.dispatch(self._payload(x_TH, scales_TS), handle=h.native, num_sms=self.sms,
+        def dispatch():             # the handle's SMs: with num_sms=0 DeepEP would size them from num_experts=None
+            recv = self.buffer.dispatch(self._payload(x_TH, scales_TS), handle=h.native, num_sms=h.native.num_sms,
                                         num_qps=self.qps)[0]
             recv_x, recv_s = recv if isinstance(recv, tuple) else (recv, None)
             g = group_by_local_expert(recv_x, h.recv_idx_NK, h.recv_w, self.w.local_experts, recv_s, num_rows=rows,
@@ -161,12 +180,19 @@ class DeepEPV2Backend(NcclFamily):
             return Dispatched(g.x_RH, d.tokens_per_expert, h, g.scales_RS, g.probs_R)
         return {"dispatch": dispatch, "combine": lambda: self._combine(y_RH, h)}
 
+    def barrier(self):
+        self.buffer.barrier()          # what test_ep.py's bench_kineto passes as its barrier
+
     def native_bytes(self, d):
-        """test_ep.py's dispatch bytes: received rows x (payload + scales + top-k ids int64 + weights fp32)."""
+        """test_ep.py's dispatch bytes, count_bytes(recv_x, recv_topk_idx, recv_topk_weights) over the received rows,
+        from the real call's output (checked against traffic.deepep_v2_row_bytes: native_rule)."""
         h: _Handle = d.handle
         if h.grouped is None:
             return None                      # expanded: its rule counts the unexpanded rows
-        return h.rows * (self.w.bytes_per_token + 12 * self.w.topk)
+        return h.rows * h.row_bytes
+
+    def native_rule(self, w):
+        return traffic.deepep_v2_row_bytes(w, "dispatch"), "deepep_v2 (test_ep.py: payload + top-k ids + weights)"
 
     def teardown(self):
         if getattr(self, "buffer", None) is not None:

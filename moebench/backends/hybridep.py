@@ -180,6 +180,11 @@ class HybridEPBackend(Backend):
         except (OSError, buildkind.ELFError):
             return None
 
+    def sms_used(self):
+        """The dispatch kernel's blocks (one per SM) of HybridEP's buffer config: its default when none was given."""
+        cfg = getattr(getattr(getattr(self, "buffer", None), "configurer", None), "buffer_config", None)
+        return cfg.num_of_blocks_dispatch_api if cfg is not None else self.knob_values.get("num_sms")
+
     def knobs(self):
         env = {k: os.environ[k] for k in ENV_KNOBS if k in os.environ}
         k = {**super().knobs(), "mode": self.mode, **self._sm_kwargs(), "build": getattr(self, "build", None), "env": env}

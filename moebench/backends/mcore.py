@@ -54,7 +54,7 @@ import torch.distributed as dist
 from ..core.megatron_map import BACKENDS, FLEX
 from ..core.workload import WorkloadError
 from ..env.toolkit import dist_version, installed
-from .base import SWITCH, Backend, Dispatched, Knob, Unavailable
+from .base import NCCL_SMS, SWITCH, Backend, Dispatched, Knob, Unavailable
 from .deepep import DeepEPBackend
 from .deepep_family import NUM_SMS, deepep_flex_setup, recv_room_bytes
 from .hybridep import HybridEPBackend
@@ -251,6 +251,9 @@ class _McoreBackend(Backend):
     def permute_fusion(self) -> bool:
         """Knob moe_permute_fusion (0/1, default off: Megatron's fused permute needs Transformer Engine)."""
         return bool(int(self.knob_values.get("moe_permute_fusion") or 0))
+
+    def sms_used(self):
+        return getattr(self, "num_sms", None) if self.flex_backend else NCCL_SMS
 
     def knobs(self):
         k = {n: v for n, v in super().knobs().items() if n != "ops_impl"}   # moebench.ops is not used here

@@ -5,8 +5,9 @@ batches) or `ll` (low-latency, decode batches); `--num-sms` is the group's max_n
 ht: a HIGH_THROUGHPUT group and an EXPERT_MAJOR handle. The handle's routing exchange (create_handle, then update
 per routing: an all-gather of the routing) fills the per-local-expert row counts; dispatch writes one row per
 (token, local expert), grouped by expert, with that slot's routing weight; moebench applies the weights to the
-expert outputs and combine sums each token's rows back. The receive buffers are sized from the counts (the group's
-max_recv_tokens_per_rank left to NCCL_EP_AUTO): one host wait per routing, as a training step pays.
+expert outputs and combine sums each token's rows back. The receive budget is fixed, as ep_bench sets it (EP x
+tokens x top-k rows, the expert-major worst case, ep_bench.cu:5151-5163): the outputs are allocated once, dispatch
+needs no host wait before it, and the api call reads the counts after it (the rows a step hands its experts).
 ll: a LOW_LATENCY group and an EXPERT_MAJOR handle: dispatch fills [L, R*T, H] slots with per-expert counts (as
 DeepEP's low-latency mode); moebench gathers the received rows, and combine writes the expert outputs back into
 their slots and weighs them in the kernel (CombineOutputs.topk_weights).
@@ -17,13 +18,18 @@ Timing, as NCCL EP's ep_bench: its timed loop runs dispatch and combine with the
 ("update_fn() is excluded from timed iters"): the `cached` view; `api` adds the update and the host wait. Its byte
 rules (traffic.upstream_bytes): ht counts received (source rank, token) pairs, own rank included, x payload, which
 is moebench's algbw; ll (since nccl-extensions 412ac5f) counts dispatch as (token, destination rank) messages and
-combine as valid (token, k) selections, x payload (`ncclep_ll_bytes`). `graph`: ll bf16 (no host sync); ht sizes
-its outputs from the counts, and NCCL EP refuses to capture a dispatch without a fixed receive budget.
+combine as valid (token, k) selections, x payload (`ncclep_ll_bytes`). `graph`: ll bf16 (no host sync); ht's
+api call reads the counts on the host, and its cached call is what the graph would replay.
+max_token_bytes covers dispatch and combine rows (nccl_ep.h: "Upper bound on token-row bytes per token, covering
+dispatch and combine"; ep_bench takes the max of both): fp8 dispatch rows are smaller than combine's bf16 ones.
+SMs: `--num-sms` is the group's max_num_sms; unset, NCCL EP uses 16 for ht and every SM for ll (nccl_ep.cc:1749-1764,
+NCCL_EP_HT_DFLT_NUM_SMS), NCCL_EP_COMM_SMS overriding either: the record names the count used.
 
 Legend: T tokens, H hidden, K top-k, L local experts, R ranks (ll slots) or grouped rows, S scale columns.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +43,8 @@ from .nccl_family import NcclFamily, native_output
 MODES = ("ht", "ll")
 HT_MAX_TOKENS = 8192          # MAX_SUPPORTED_TOKENS_PER_RANK (nccl_ep include/common.hpp, RELEASE.md)
 LL_MAX_TOPK = 32              # MAX_NUM_TOPK
+HT_DEFAULT_SMS = 16           # NCCL_EP_HT_DFLT_NUM_SMS (nccl_ep device/ht_ep_configs.cuh:17)
+SMS_ENV = "NCCL_EP_COMM_SMS"  # the library's override of the resolved SM count (nccl_ep_env.h:57)
 INSTALL = ("pip install 'nccl-extensions[cu13]' (nccl.ep; it runs on the libnccl the process loaded, which must be "
            "NCCL >= 2.30.4)")
 
@@ -56,8 +64,8 @@ class NcclEPBackend(NcclFamily):
     supports_fp8 = True
     KNOBS = {"mode": Knob(choices=MODES), "num_sms": Knob(low=1)}
     comm_kernels = ("dispatch", "combine")     # ep_bench's kernel-time names (CUPTI): NCCL EP's JIT kernels
-    no_graph_view = ("ht sizes its receive buffers from the handle's counts (max_recv_tokens_per_rank AUTO), and NCCL "
-                     "EP refuses to capture such a dispatch")
+    cached_loop = "ep_bench"
+    no_graph_view = "ht's call reads the per-expert counts on the host (its cached call has no host wait)"
 
     @classmethod
     def available(cls):
@@ -117,18 +125,26 @@ class NcclEPBackend(NcclFamily):
             raise Unavailable(f"import nccl.ep failed: {type(e).__name__}: {e}; {INSTALL}") from e
         self.ep, self.world = ep, torch.distributed.get_world_size(group)
         self.fp8 = w.dtype == "fp8"
+        ht = self.mode == "ht"
+        self.budget = self.world * w.num_tokens * w.topk if ht else 0
         cfg = ep.GroupConfig(
-            algorithm=ep.Algorithm.HIGH_THROUGHPUT if self.mode == "ht" else ep.Algorithm.LOW_LATENCY,
-            num_experts=w.num_experts, max_dispatch_tokens_per_rank=w.num_tokens,
-            max_token_bytes=w.bytes_per_token, max_num_sms=int(self.knob_values.get("num_sms") or 0), num_topk=w.topk)
+            algorithm=ep.Algorithm.HIGH_THROUGHPUT if ht else ep.Algorithm.LOW_LATENCY,
+            num_experts=w.num_experts, max_dispatch_tokens_per_rank=w.num_tokens, max_recv_tokens_per_rank=self.budget,
+            max_token_bytes=token_bytes(w), max_num_sms=int(self.knob_values.get("num_sms") or 0), num_topk=w.topk)
+        self.comm = self.group_ep = self.handle = None
         with native_output("ncclep: NCCL communicator and EP group"):
             self.comm = get_nccl_comm_from_group(group)
             self.group_ep = ep.Group.create(self.comm, cfg)
-        self.handle = None
         L = w.local_experts
-        if self.mode == "ht":
+        if ht:
             self.counts = torch.zeros(L, dtype=torch.int64, device=device)
             self.total = torch.zeros(1, dtype=torch.int64, device=device)
+            self.rows = torch.empty(self.budget, w.hidden, dtype=torch.float8_e4m3fn if self.fp8 else torch.bfloat16,
+                                    device=device)
+            self.weights = torch.empty(self.budget, dtype=torch.float32, device=device)
+            self.rows_s = torch.empty(self.budget, w.hidden // 128, dtype=torch.float32, device=device) \
+                if self.fp8 else None
+            self.combine_in = torch.empty(self.budget, w.hidden, dtype=torch.bfloat16, device=device)
         else:
             slots = (L, self.world * w.num_tokens)
             self.counts = torch.zeros(L, dtype=torch.int32, device=device)
@@ -137,8 +153,20 @@ class NcclEPBackend(NcclFamily):
             self.recv_s = torch.empty(*slots, w.hidden // 128, dtype=torch.float32, device=device) if self.fp8 else None
             self.combine_in = torch.empty(*slots, w.hidden, dtype=torch.bfloat16, device=device)
 
+    def sms_used(self):
+        """The SMs NCCL EP's kernels use (its resolution of max_num_sms, nccl_ep.cc:1749-1782)."""
+        if self.knob_values.get("num_sms"):
+            return int(self.knob_values["num_sms"])
+        device_sms = torch.cuda.get_device_properties(self.device).multi_processor_count \
+            if getattr(self, "device", None) is not None and self.device.type == "cuda" else None
+        env = os.environ.get(SMS_ENV, "")
+        if env.isdigit() and device_sms and 1 <= int(env) <= device_sms:
+            return int(env)
+        return HT_DEFAULT_SMS if self.mode == "ht" else device_sms
+
     def knobs(self):
         return {**super().knobs(), "mode": self.mode, "libnccl": getattr(self, "nccl", None),
+                "max_recv_tokens_per_rank": getattr(self, "budget", None),
                 "nccl_ep_lib": str(self.ep.get_lib_version()) if hasattr(self, "ep") else None}
 
     # -------------------------------------------------------------------- calls
@@ -166,22 +194,23 @@ class NcclEPBackend(NcclFamily):
         with self.first_call("dispatch"):
             self._bind(topk_idx_TK)
             if self.mode == "ht":
-                counts = [int(c) for c in self.counts.tolist()]          # the one host wait
-                return self._ht(x_TH, topk_w_TK, scales_TS, counts)
+                return self._ht(x_TH, topk_w_TK, scales_TS, None)
             d = self._ll(x_TH, topk_idx_TK, topk_w_TK, scales_TS, None)
         return d
 
     def _ht(self, x_TH, topk_w_TK, scales_TS, counts):
-        T, n = self.ep.Tensor, sum(counts)
-        rows = x_TH.new_empty(n, x_TH.shape[1])
-        weights = torch.empty(n, dtype=torch.float32, device=x_TH.device)
-        scales = scales_TS.new_empty(n, scales_TS.shape[1]) if scales_TS is not None else None
+        """Into the fixed budget; `counts` None: read after the dispatch (the api call's one host wait)."""
+        T = self.ep.Tensor
         self.handle.dispatch(
             self.ep.DispatchInputs(tokens=T(x_TH), topk_weights=T(topk_w_TK.float().contiguous()),
                                    scales=T(scales_TS) if scales_TS is not None else None),
-            self.ep.DispatchOutputs(tokens=T(rows), topk_weights=T(weights), scales=T(scales) if scales is not None else None),
+            self.ep.DispatchOutputs(tokens=T(self.rows), topk_weights=T(self.weights),
+                                    scales=T(self.rows_s) if scales_TS is not None else None),
             config=self._config(), stream=self._stream())
-        return Dispatched(rows, counts, _Handle(self.handle, weights_R=weights), scales)
+        counts = counts if counts is not None else [int(c) for c in self.counts.tolist()]
+        n = sum(counts)
+        return Dispatched(self.rows[:n], counts, _Handle(self.handle, weights_R=self.weights[:n]),
+                          self.rows_s[:n] if scales_TS is not None else None)
 
     def _ll(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, rows_R):
         T = self.ep.Tensor
@@ -208,9 +237,10 @@ class NcclEPBackend(NcclFamily):
     def _combine(self, y_RH, h: _Handle):
         T = self.ep.Tensor
         out = torch.empty(self.w.num_tokens, self.w.hidden, dtype=torch.bfloat16, device=y_RH.device)
-        if self.mode == "ht":
-            weighted = (y_RH.float() * h.weights_R[:, None]).to(torch.bfloat16)
-            h.native.combine(self.ep.CombineInputs(tokens=T(weighted)), self.ep.CombineOutputs(tokens=T(out)),
+        if self.mode == "ht":           # combine's input has dispatch's output shape: the budget's rows
+            n = h.weights_R.shape[0]
+            self.combine_in[:n].copy_(y_RH[:n].float() * h.weights_R[:, None])
+            h.native.combine(self.ep.CombineInputs(tokens=T(self.combine_in)), self.ep.CombineOutputs(tokens=T(out)),
                              stream=self._stream())
         else:
             self.combine_in.view(-1, self.w.hidden)[h.rows_R] = y_RH[: h.rows_R.shape[0]]
@@ -259,7 +289,13 @@ class NcclEPBackend(NcclFamily):
                          between)
 
     def teardown(self):
-        for obj in (getattr(self, "handle", None), getattr(self, "group_ep", None)):
+        """Handle, group, then the communicator get_nccl_comm_from_group made for this backend (a fresh one)."""
+        for obj in (getattr(self, "handle", None), getattr(self, "group_ep", None), getattr(self, "comm", None)):
             if obj is not None:
                 obj.destroy()
-        self.handle = self.group_ep = None
+        self.handle = self.group_ep = self.comm = None
+
+
+def token_bytes(w) -> int:
+    """max_token_bytes: the larger of a dispatch row (payload + fp8 scales) and combine's bf16 row, to 16 bytes."""
+    return -(-max(w.bytes_per_token, 2 * w.hidden) // 16) * 16

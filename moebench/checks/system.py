@@ -9,7 +9,7 @@ import os
 import platform
 
 from ..core import ceilings
-from ..env import buildkind, topology
+from ..env import buildkind, nccl, topology
 from ..env.deepep import build_info
 from ..env.toolkit import dist_version
 from ..env.topology import nvml
@@ -44,14 +44,9 @@ def _q(fn, *args):
 def check_env(ctx: Context):
     import torch
     nv, _ = _nvml_or_reason()
-    nccl = None
-    try:
-        nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception:  # noqa: BLE001 - CPU build of torch
-        pass
     v = {
         "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-        "driver": _q(nv.nvmlSystemGetDriverVersion) if nv else None, "nccl": nccl,
+        "driver": _q(nv.nvmlSystemGetDriverVersion) if nv else None, **nccl.versions(),
         "triton": dist_version("triton"),
         "nvshmem": dist_version("nvidia-nvshmem-cu13", "nvidia-nvshmem-cu12", "nvshmem"),
         "nvshmem4py": dist_version("nvshmem4py-cu13", "nvshmem4py-cu12", "nvshmem4py"),

@@ -72,19 +72,6 @@ NO_PATH = {  # moebench backends that no Megatron-Core release can run, and why 
 FLEX = tuple(n for n, b in BACKENDS.items() if b.flex)
 
 
-def te_nccl_ep() -> bool:
-    """Transformer Engine with its NCCL EP module (transformer_engine/pytorch/ep.py), read from its files: the only
-    way megatron-core's ncclep reaches NCCL EP (importing TE here would be slow and may crash)."""
-    import importlib.util
-    import os
-    try:
-        spec = importlib.util.find_spec("transformer_engine")
-    except (ImportError, ValueError):
-        return False
-    roots = list(spec.submodule_search_locations or []) if spec else []
-    return any(os.path.isfile(os.path.join(r, "pytorch", "ep.py")) for r in roots)
-
-
 def megatron_name(backend: str) -> str:
     """Megatron's value for a moebench backend name (`mcore-deepep` -> `deepep`)."""
     return backend.removeprefix(MCORE_PREFIX)

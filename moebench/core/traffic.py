@@ -122,12 +122,19 @@ def upstream_bytes(t: Traffic, w: Workload, phase: str) -> dict[str, float]:
     pairs = t.pairs_SD.sum().item() / t.world
     out = {"deepep_ll_bytes": slots * ((H + H // 128 * 4 + LL_FP8_SLOT_EXTRA) if dispatch else 2 * H),
            "ncclep_ll_bytes": pairs * w.bytes_per_token if dispatch else slots * 2 * H,
-           "deepep_v2_bytes": pairs * ((w.bytes_per_token + 12 * w.topk) if dispatch else (2 * H + 4 * w.topk))}
+           "deepep_v2_bytes": pairs * deepep_v2_row_bytes(w, phase)}
     if t.world > t.gpus_per_node and t.node_pairs_S is not None:
         node_pairs = t.node_pairs_S.double().mean().item()
         out["deepep_rdma_bytes"] = node_pairs * (w.bytes_per_token if dispatch else 2 * H)
         out["hybridep_rdma_bytes"] = node_pairs * w.bytes_per_token
     return out
+
+
+def deepep_v2_row_bytes(w: Workload, phase: str) -> int:
+    """DeepEP V2's bytes per received (token, rank) row (tests/elastic/test_ep.py, count_bytes of what the call
+    returns per row): dispatch = payload (+ fp8 scales) + top-k ids (int64) + weights (fp32); combine = the bf16 row
+    + the top-k weights its combine carries back."""
+    return w.bytes_per_token + 12 * w.topk if phase == "dispatch" else 2 * w.hidden + 4 * w.topk
 
 
 def bandwidth(b: dict[str, float], seconds: float) -> dict[str, float]:

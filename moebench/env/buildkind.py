@@ -17,7 +17,7 @@ from pathlib import Path
 INTRANODE_MARKERS = (b"Please rebuild with HYBRID_EP_MULTINODE", b"Multi-node support is not enabled in this build")
 MULTINODE_LIBS = {"libibverbs": "DOCA/ibverbs", "libmlx5": "DOCA/mlx5", "libnixl": "NIXL"}
 PT_LOAD, PT_DYNAMIC = 1, 2
-DT_NULL, DT_NEEDED, DT_STRTAB = 0, 1, 5
+DT_NULL, DT_NEEDED, DT_STRTAB, DT_RPATH, DT_RUNPATH = 0, 1, 5, 15, 29
 
 
 class ELFError(ValueError):
@@ -63,6 +63,16 @@ def _vaddr_to_offset(segs, vaddr: int) -> int:
 
 def elf_needed(path: str | Path) -> list[str]:
     """The DT_NEEDED entries (shared libraries a binary links) of an ELF file, in order."""
+    return _dynamic_strings(path, (DT_NEEDED,))
+
+
+def elf_runpath(path: str | Path) -> list[str]:
+    """The directories of an ELF file's DT_RUNPATH / DT_RPATH (where it looks for what it links), in order."""
+    return [d for entry in _dynamic_strings(path, (DT_RUNPATH, DT_RPATH)) for d in entry.split(":") if d]
+
+
+def _dynamic_strings(path: str | Path, tags: tuple[int, ...]) -> list[str]:
+    """The string values of the dynamic entries with these tags, in order."""
     data = Path(path).read_bytes()
     bits, end, segs = _segments(data)
     dyn = next(((off, size) for t, off, _va, size in segs if t == PT_DYNAMIC), None)
@@ -70,19 +80,19 @@ def elf_needed(path: str | Path) -> list[str]:
         return []                              # static binary or object: links nothing
     fmt = end + ("qQ" if bits == 64 else "iI")
     step = struct.calcsize(fmt)
-    needed_offs, strtab = [], None
+    offs, strtab = [], None
     for o in range(dyn[0], dyn[0] + dyn[1], step):
         tag, val = struct.unpack_from(fmt, data, o)
         if tag == DT_NULL:
             break
-        if tag == DT_NEEDED:
-            needed_offs.append(val)
+        if tag in tags:
+            offs.append(val)
         elif tag == DT_STRTAB:
             strtab = val
-    if needed_offs and strtab is None:
-        raise ELFError("DT_NEEDED without DT_STRTAB")
-    base = _vaddr_to_offset(segs, strtab) if needed_offs else 0
-    return [data[base + n: data.index(b"\0", base + n)].decode(errors="replace") for n in needed_offs]
+    if offs and strtab is None:
+        raise ELFError("dynamic string entries without DT_STRTAB")
+    base = _vaddr_to_offset(segs, strtab) if offs else 0
+    return [data[base + n: data.index(b"\0", base + n)].decode(errors="replace") for n in offs]
 
 
 def contains(path: str | Path, needles: tuple[bytes, ...]) -> list[bytes]:

@@ -13,7 +13,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from .buildkind import ELFError, contains, elf_needed, extension_path, hybridep_build_kind
+from .buildkind import ELFError, contains, elf_needed, elf_runpath, extension_path, hybridep_build_kind
 from .toolkit import dist_version
 
 HINT = ("install DeepEP from branch hybrid-ep (legacy Buffer + HybridEPBuffer) or tag v1.2.1; DeepEP main "
@@ -36,13 +36,18 @@ def _beside(root: Path) -> dict:
 
 
 def _setup_version(root: Path) -> str | None:
-    """The version in DeepEP's setup.py beside the package (setup.py build_ext --inplace)."""
-    try:
-        text = (root / "setup.py").read_text()
-    except OSError:
-        return None
-    m = re.search(r"version=['\"]([^'\"]+)['\"]", text) if "deep_ep" in text else None
-    return m.group(1) if m else None
+    """The version of a source tree beside the package (setup.py build_ext --inplace): setup.py's literal, or
+    deep_ep/__init__.py's __version__ (DeepEP main reads it from there)."""
+    for f, pattern in (("setup.py", r"version=['\"]([^'\"]+)['\"]"),
+                       ("deep_ep/__init__.py", r"^__version__\s*=\s*['\"]([^'\"]+)['\"]")):
+        try:
+            text = (root / f).read_text()
+        except OSError:
+            continue
+        m = re.search(pattern, text, re.MULTILINE) if "deep_ep" in text or f != "setup.py" else None
+        if m:
+            return m.group(1)
+    return None
 
 
 def _git_head(root: Path) -> str | None:
@@ -75,8 +80,11 @@ def build_info() -> dict | None:
             or _git_head(pkg.parent), "package": str(pkg),
             "extensions": {m: extension_path(m) for m in ("deep_ep_cpp", "hybrid_ep_cpp")},
             "nvshmem": None, "nvshmem_version": None, "hybridep_build": None, "hybridep_libstdcxx": None}
-    if meta.get("fix"):
-        info["build_script"] = {k: meta.get(k) for k in ("fix", "build_kind", "nvshmem", "branch")}
+    if meta.get("fix") or meta.get("nccl_root"):
+        info["build_script"] = {k: meta.get(k) for k in ("fix", "build_kind", "nvshmem", "branch", "nccl_root")
+                                if meta.get(k) is not None}
+    if (pkg / "buffers" / "elastic.py").exists():
+        _v2(info, pkg, meta)
     try:
         so = info["extensions"]["deep_ep_cpp"]
         if so:
@@ -94,9 +102,29 @@ def build_info() -> dict | None:
     return info
 
 
+def _v2(info: dict, pkg: Path, meta: dict) -> None:
+    """DeepEP V2 (main, ElasticBuffer): one extension deep_ep/_C*.so (legacy Buffer inside it), built against an
+    NCCL >= 2.30 whose root it keeps in its RUNPATH (the build's EP_NCCL_ROOT_DIR) unless deepep_build.json names
+    it; at run time DeepEP checks the mapped libnccl against EP_NCCL_ROOT_DIR."""
+    so = next(iter(sorted(pkg.glob("_C*.so"))), None)
+    info["line"] = "v2 (ElasticBuffer)"
+    info["extensions"]["deep_ep._C"] = str(so) if so else None
+    root = meta.get("nccl_root")
+    if root is None and so is not None:
+        try:
+            root = next((str(Path(d).parent) for d in elf_runpath(so) if "nccl" in d), None)
+        except (OSError, ELFError):
+            root = None
+    info["nccl_root"] = root
+
+
 def summary(info: dict) -> str:
-    """One line: '1.2.1 @94a9f8f6b1, NVSHMEM 3.4.5, HybridEP intranode, hybrid_ep_cpp libstdc++ shared'."""
+    """One line: '1.2.1 @94a9f8f6b1, NVSHMEM 3.4.5, HybridEP intranode, hybrid_ep_cpp libstdc++ shared', or for V2
+    '2.1.0 @dd758ca, V2 (ElasticBuffer), NCCL root /tmp/nccl-build'."""
     parts = [info["version"] + (f" @{info['commit'][:10]}" if info.get("commit") else "")]
+    if info.get("line"):
+        return ", ".join([*parts, "V2 (ElasticBuffer)", f"NCCL root {info.get('nccl_root') or 'unknown'}"]
+                         + ([] if info["extensions"].get("deep_ep._C") else ["no deep_ep._C"]))
     nv = info.get("nvshmem")
     parts.append(f"NVSHMEM {info.get('nvshmem_version') or 'yes'}" if nv else "no NVSHMEM" if nv is False
                  else "NVSHMEM unknown")

@@ -29,6 +29,7 @@ import traceback
 from dataclasses import dataclass
 
 from ..env import launcher
+from ..env.native_log import NATIVE_LOG_ENV, tail_of
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
@@ -177,6 +178,8 @@ def _child(rank, world, device_type, timeout_s, port, fn, args, results, ranks_p
     if crash_dir and faulthandler.is_enabled():    # a crash dump of its own: ranks dying together would interleave
         faulthandler.enable(file=open(os.path.join(crash_dir, f"rank{rank}"), "w"), all_threads=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if crash_dir:
+        os.environ[NATIVE_LOG_ENV] = native_log(crash_dir, rank)
     try:
         ctx = _init(rank, world, rank, device_type, timeout_s, ranks_per_gpu)
         out = fn(ctx, *args)
@@ -208,7 +211,7 @@ def run_ranks(fn, world: int, device_type: str = "cpu", timeout_s: float = 300.0
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     try:
-        return _collect(procs, results, world, timeout_s)
+        return _collect(procs, results, world, timeout_s, crash_dir)
     finally:
         _end(procs)
         _replay_crash_dumps(crash_dir)
@@ -229,8 +232,14 @@ def _end(procs, grace_s: float = 2.0) -> None:
         p.join(timeout=5)
 
 
+def native_log(crash_dir: str, rank: int) -> str:
+    """The file a rank's native output goes to while a backend listens (env/native_log.py)."""
+    return os.path.join(crash_dir, f"native-rank{rank}")
+
+
 def _replay_crash_dumps(crash_dir: str) -> None:
-    """Each crashed rank's faulthandler dump to stderr, one rank after another (never interleaved)."""
+    """Each crashed rank's faulthandler dump (and native output a crash cut off) to stderr, one rank after another
+    (never interleaved)."""
     for name in sorted(os.listdir(crash_dir)):
         with open(os.path.join(crash_dir, name), errors="replace") as f:
             dump = f.read()
@@ -240,9 +249,10 @@ def _replay_crash_dumps(crash_dir: str) -> None:
     shutil.rmtree(crash_dir, ignore_errors=True)
 
 
-def _collect(procs, results, world: int, timeout_s: float) -> list:
+def _collect(procs, results, world: int, timeout_s: float, crash_dir: str | None = None) -> list:
     """Rank results in order. On the first failure, wait a moment for the others to report too,
-    then name the root cause first: a rank killed by a signal before the ranks that lost it."""
+    then name the root cause first: a rank killed by a signal before the ranks that lost it, with the last
+    lines its native libraries wrote where a backend was listening (an abort's own message)."""
     got: dict[int, object] = {}
     errors: dict[int, str] = {}
     deadline = time.monotonic() + timeout_s
@@ -268,7 +278,7 @@ def _collect(procs, results, world: int, timeout_s: float) -> list:
     dead = [(r, p.exitcode, _signal_name(p.exitcode)) for r, p in enumerate(procs)
             if r not in got and r not in errors and p.exitcode not in (None, 0)]
     crashed = [f"rank {r} died with exit code {code} ({how}) before reporting" + (OOM_HINT if how == "SIGKILL" else "")
-               for r, code, how in dead]
+               + (tail_of(native_log(crash_dir, r)) if crash_dir else "") for r, code, how in dead]
     failed = [f"rank {r} failed: {e}" for r, e in sorted(errors.items())]
     raise LaunchError("; ".join(crashed + failed) or "ranks stopped without reporting",
                       crash=next((how for _, _, how in dead if how.startswith("SIG")), None))

@@ -35,15 +35,16 @@ class RankResult:
     version: str = ""
     a2a: tuple | None = None                        # the measured NCCL all_to_all ceiling (NCCL runs)
     bypassed: list = field(default_factory=list)    # checks skipped for shared-GPU ranks
-    native_bytes: dict | None = None                # the backend's own byte count beside moebench/1's
+    native_bytes: dict | None = None                # the backend's own byte count beside its rule's expectation
     crash: str | None = None                        # the signal that killed a rank, or "hang"
     memory: list = field(default_factory=list)      # every rank's memory figures (harness/memory.py)
 
 
 def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
-              rank_bytes: list[float] | None = None) -> RankResult:
+              rank_pairs: list[int] | None = None) -> RankResult:
     """Runs on every rank: set up, check against the oracle, time every view (harness/views).
-    rank_bytes: moebench's received dispatch bytes per rank, asserted against the backend's own rule."""
+    rank_pairs: received (token, rank) pairs per rank (the byte rule's count); the backend's own byte count of
+    the checked dispatch must equal them times the bytes per row of its own rule (Backend.native_rule)."""
     out = RankResult(version=base.get(name).version())
     dev, w = ctx.device, spec.workload
     x, idx, wt, q, s = rank_inputs(w, ctx.rank, dev)
@@ -59,11 +60,13 @@ def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
         if msg:
             raise CheckFailed(msg)
         native = b.native_bytes(checked["d"])
-        if native is not None and rank_bytes is not None:
-            out.native_bytes = {"backend": native, "moebench": rank_bytes[ctx.rank]}
-            if native != rank_bytes[ctx.rank]:
-                raise CheckFailed(f"byte rule: rank {ctx.rank} received {native} bytes by {name}'s own count "
-                                  f"(recv_x.numel() x element size), {rank_bytes[ctx.rank]} by moebench/1")
+        if native is not None and rank_pairs is not None:
+            row_bytes, rule = b.native_rule(w)
+            want = rank_pairs[ctx.rank] * row_bytes
+            out.native_bytes = {"backend": native, "expected": want, "rule": rule}
+            if native != want:
+                raise CheckFailed(f"byte rule: rank {ctx.rank} received {native} bytes by {name}'s own count of its "
+                                  f"outputs, {want} by {rule} ({rank_pairs[ctx.rank]} rows x {row_bytes} bytes)")
 
     err = err or stage(check, ctx.group)
     out.bypassed = list(b.bypassed) if b else []
@@ -108,14 +111,14 @@ def _teardown(b) -> None:
         traceback.print_exc()
 
 
-def run_backend(spec: RunSpec, name: str, measure: bool, rank_bytes: list[float] | None = None) -> RankResult | None:
+def run_backend(spec: RunSpec, name: str, measure: bool, rank_pairs: list[int] | None = None) -> RankResult | None:
     """Launch the ranks for one backend; a crash or timeout becomes a FAIL result. None on the other ranks of
     a torchrun/srun job (rank 0 reports)."""
     try:
         outs = run_ranks(rank_main, spec.workload.ep, spec.device, spec.timeout_s,
-                         args=(spec, name, measure, rank_bytes), ranks_per_gpu=spec.ranks_per_gpu)
+                         args=(spec, name, measure, rank_pairs), ranks_per_gpu=spec.ranks_per_gpu)
     except LaunchError as e:
-        return RankResult("FAIL", str(e).splitlines()[0][:500], crash=e.crash)
+        return RankResult("FAIL", str(e).splitlines()[0][:1500], crash=e.crash)
     return outs[0] if outs else None
 
 
@@ -126,7 +129,7 @@ def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print, sink=
     w = spec.workload
     argv = spec.to_argv() if argv is None else argv
     t = traffic.traffic_of([make_routing(w, r)[0] for r in range(w.ep)], w)
-    rank_bytes = (t.pairs_SD.sum(0).double() * w.bytes_per_token).tolist()
+    rank_pairs = t.pairs_SD.sum(0).tolist()
     recs, measured = [], None
     for name in spec.backends:
         start = provenance.utc_now()
@@ -137,7 +140,7 @@ def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print, sink=
             progress(f"# running {name} on EP {w.ep} ...")
             measure = spec.measure_ceiling and not spec.functional and measured is None   # NCCL only
             with environment(spec.env):
-                res = run_backend(spec, name, measure=measure, rank_bytes=rank_bytes)
+                res = run_backend(spec, name, measure=measure, rank_pairs=rank_pairs)
             measured = measured or (res.a2a if res else None)
         if res is None:
             continue

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..core import megatron_map
 from ..core.megatron_map import BACKENDS
+from ..env.te import TE_FOR_NCCLEP
 
 CHECKED_VERSIONS = ((0, 16), (0, 19))     # megatron-core minor versions the flags were checked against
 
@@ -87,16 +88,12 @@ def megatron_flags(backend: str, version: str, num_sms: int | None = None, overl
                 f.notes.append(f"set {mb.domain_env} to the GPUs per NVLink domain "
                                f"if {backend}'s detection is wrong (not known here)")
         if backend == "ncclep":
-            f.megatron_lm += ["--moe-expert-rank-capacity-factor", f"{capacity_factor:g}"]
-            f.megatron_bridge.append(f"model.moe_expert_rank_capacity_factor={capacity_factor:g}")
-            f.notes.append(f"capacity factor {capacity_factor:g}: each rank receives room for tokens x top-k x it "
-                           "rows; NCCL EP traps on overflow, so it must cover the busiest rank's (token, expert) "
-                           "rows over tokens x top-k")
+            _add_ncclep(f, capacity_factor, tp)
         if mb.requires:
             f.notes.append(f"{backend} needs {mb.requires}")
         f.notes.append("recommended with flex: --moe-router-dtype fp32 (model.moe_router_dtype=fp32); "
                        "DeepEP/HybridEP take fp32 probs and cast otherwise")
-        f.notes.append("flex does not support --moe-shared-expert-overlap (Bridge turns it off)")
+        f.notes.append(SHARED_OVERLAP_019 if new else SHARED_OVERLAP_OLD)
     overlapped = overlap and _add_overlap(f, ep)
     f.bridge_perf = ["python", "scripts/performance/run_script.py", "...", "--moe_flex_dispatcher_backend",
                      backend if mb.flex else "None", "--moe_a2a_overlap", "true" if overlapped else "false"]
@@ -105,6 +102,31 @@ def megatron_flags(backend: str, version: str, num_sms: int | None = None, overl
         f.notes.append(f"megatron-core {version} is outside the checked range: these flags were checked against "
                        "megatron-core 0.16.1 and 0.19.2 only")
     return f
+
+
+SHARED_OVERLAP_OLD = ("flex does not support --moe-shared-expert-overlap (megatron-core raises: alltoall only; Bridge "
+                      "turns it off)")
+SHARED_OVERLAP_019 = ("--moe-shared-expert-overlap is accepted with flex on megatron-core 0.19 (transformer_config: "
+                      "alltoall or flex), but Megatron-Bridge's apply_flex_dispatcher_backend still turns it off")
+
+
+def _add_ncclep(f: FlagSet, capacity_factor: float, tp: int) -> None:
+    """What megatron-core 0.19 with Transformer Engine needs for ncclep beyond the flags (read in core_v0.19.0
+    fused_a2a.py / token_dispatcher.py and TE 2.17.1 / 2.18 / 2.19 pytorch/ep.py)."""
+    f.megatron_lm += ["--moe-expert-rank-capacity-factor", f"{capacity_factor:g}"]
+    f.megatron_bridge.append(f"model.moe_expert_rank_capacity_factor={capacity_factor:g}")
+    f.notes += [
+        f"capacity factor {capacity_factor:g}: each rank's receive budget is tokens (rounded up to 64) x top-k x TP "
+        f"({tp}) x the factor rows; NCCL EP traps on overflow, so it must cover the busiest rank's (token, expert) "
+        "rows",
+        "bf16 payloads only: TE 2.18's ep.py accepts bfloat16 tokens (_require_bf16), so --fp16 stops at the first "
+        "dispatch and fp8 dispatch is not offered",
+        f"Transformer Engine {TE_FOR_NCCLEP} exactly: megatron-core 0.19's fused_a2a calls ep_dispatch(..., "
+        "recv_tokens=, recv_topk_weights=) and ep_combine(..., grad_out=), which 2.17.1 lacks, and 2.19's "
+        "ep_bootstrap requires num_topk, which 0.19 does not pass; TE must be built with NCCL EP (NVTE_WITH_NCCL_EP: "
+        "its transformer_engine_torch carries ep_initialize), over NCCL >= 2.30.4",
+        "overlap (--overlap-moe-expert-parallel-comm) without moe_ncclep_static_shape is serialized: each dispatch "
+        "waits on a device-to-host copy of the counts"]
 
 
 def check_parallelism(mb, ep: int | None, tp: int, domain: int | None, domain_found: int | None) -> None:

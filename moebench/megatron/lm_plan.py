@@ -13,7 +13,8 @@ import json
 import os
 from dataclasses import dataclass
 
-from ..core.megatron_map import BACKENDS, CONTROL, te_nccl_ep
+from ..core.megatron_map import BACKENDS, CONTROL
+from ..env.te import te_nccl_ep_problem
 from ..env import launcher
 from ..env.toolkit import dist_version, installed
 from . import flags as F
@@ -111,9 +112,8 @@ def check_rules(argv: list[str], dispatchers: list[str], launch: Launch, version
         if BACKENDS[d].flex and tp * launch.ep < 2:
             raise LmError(f"{d} runs on Megatron's flex dispatcher, which needs TP x EP > 1 (Megatron asserts it); "
                           f"here TP {tp} x EP {launch.ep} = 1")
-        if d == "ncclep" and not te_nccl_ep():
-            raise LmError(f"ncclep needs {BACKENDS[d].requires}: no transformer_engine with pytorch/ep.py is "
-                          "installed here, so Megatron would stop at its first step")
+        if d == "ncclep" and (why := te_nccl_ep_problem()):
+            raise LmError(f"ncclep needs {BACKENDS[d].requires}: {why}, so Megatron would stop at its first step")
         if d == "hybridep" and fp8 and F.parse_version(version) <= (0, 19):
             raise LmError(f"hybridep cannot dispatch FP8 on megatron-core {version} (fused_a2a asserts 'HybridEP "
                           "dispatcher does not support fp8 dispatch'): an FP8 A/B is no evidence for it there")

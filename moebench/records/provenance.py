@@ -57,11 +57,7 @@ def provenance() -> dict:
         p = torch.cuda.get_device_properties(0)
         env.update(gpu=p.name, gpu_count=torch.cuda.device_count(), cc=f"{p.major}.{p.minor}",
                    sms=p.multi_processor_count)
-        try:
-            env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # noqa: BLE001 - a torch without NCCL
-            pass
-        env["nccl_loaded"] = nccl.loaded()    # the file this process mapped (LD_PRELOAD can make it differ)
+        env.update(nccl.versions())      # what ran (the mapped libnccl) beside torch's build-time version
         env["driver"] = _driver_version()
     return env
 

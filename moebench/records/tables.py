@@ -48,13 +48,13 @@ def shorten(text: str, width: int) -> str:
 
 
 DEFAULT_VIEWS = ("api", "graph")    # the view columns a table shows without --wide
-LEGEND = ("# us: median, slowest rank; algbw/busbw: received (token, rank) pairs x bytes / api us, all/remote; "
-          "frac ceil: busbw/link; mem: footprint; README.md: the table")
+LEGEND = ("# us: median, slowest rank; SMs: comm kernels'; algbw/busbw: (token, rank) pairs x bytes / api us, "
+          "all/remote; frac ceil: busbw/link; mem: footprint; README.md")
 
 
 def columns(views: tuple[str, ...], wide: bool, overlap: bool) -> list[str]:
     """The dispatch table's header: api first, then the other views, api - graph where graph is shown."""
-    head = ["backend", "phase", "api us", "p90 us", *(f"{v} us" for v in views if v != "api")]
+    head = ["backend", "phase", "SMs", "api us", "p90 us", *(f"{v} us" for v in views if v != "api")]
     if "graph" in views:
         head.append("api-graph us")
     head += ["algbw GB/s", "busbw GB/s", *(["wirebw GB/s"] if wide else []), "frac ceil", "mem GiB"]
@@ -72,7 +72,7 @@ def table_rows(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wide
         check = schema.status(r) + (f" ({err})" if err else "")
         if t and schema.is_functional(r):      # CPU/gloo or shared-GPU ranks: the times are no measurement
             check += " [functional]"
-        row = [schema.name(r), r["phase"], sig3(t.get("median_us")), sig3(t.get("p90_us")),
+        row = [label(r), r["phase"], sig3(sms(r)), sig3(t.get("median_us")), sig3(t.get("p90_us")),
                *(sig3(schema.view_us(r, v)) for v in views if v != "api")]
         if "graph" in views:
             row.append(sig3(t.get("api_minus_graph_us")))
@@ -83,6 +83,17 @@ def table_rows(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wide
             row += [sig3(o.get("exposed_us")), sig3(o.get("gemm_alone_us")), sig3(o.get("gemm_slowdown"))]
         rows.append(row + [check])
     return rows
+
+
+def label(r: dict) -> str:
+    """The backend's name, with its mode where it has several (ncclep ht / ll, hybridep's)."""
+    mode = ((r.get("backend") or {}).get("knobs") or {}).get("mode")
+    return schema.name(r) + (f" {mode}" if isinstance(mode, str) and mode else "")
+
+
+def sms(r: dict):
+    """The SMs a record's backend used (knobs num_sms_used), None where the record does not say (older ones)."""
+    return ((r.get("backend") or {}).get("knobs") or {}).get("num_sms_used")
 
 
 def gib(r: dict) -> str:

@@ -153,4 +153,4 @@ def test_dispatch_cli_runs_the_simulated_backends(sim, tmp_path):
         assert r["views"]["cached"]["us"] > 0, r["views"]
         if r["phase"] == "dispatch" and r["backend"]["name"] != "deepep-ll":
             nb = r["check"]["native_bytes"]
-            assert nb["backend"] == nb["moebench"] > 0
+            assert nb["backend"] == nb["expected"] > 0 and nb["rule"] == "moebench/1"

@@ -8,7 +8,8 @@ import pytest
 
 from moebench.backends import get
 from moebench.backends.deepep_v2 import DeepEPV2Backend
-from moebench.backends.nccl_family import MULTI_RANK_ENV, NativeFailure, native_output, share_gpu
+from moebench.backends.nccl_family import (GIN_ENV, GIN_NOTE, MULTI_RANK_ENV, MULTI_RANK_NOTE, NativeFailure,
+                                           native_output, share_gpu)
 from moebench.backends.ncclep import NcclEPBackend
 from moebench.core.workload import Workload, WorkloadError
 from moebench.megatron.flags import FlagsError, megatron_flags
@@ -96,10 +97,14 @@ def test_native_output_passes_text_on_and_a_failure_carries_its_last_lines():
     assert "nvcc line 19" in err and "nvcc line 8" in err and "nvcc line 7 " not in err + " "
 
 
-def test_shared_gpu_ranks_turn_on_nccl_multi_rank(monkeypatch):
+def test_shared_gpu_ranks_turn_on_nccl_multi_rank_and_a_backends_own_bypass(monkeypatch):
     monkeypatch.delenv(MULTI_RANK_ENV, raising=False)
-    assert share_gpu(1) is None and MULTI_RANK_ENV not in os.environ
-    assert "NCCL >= 2.30" in share_gpu(2) and os.environ[MULTI_RANK_ENV] == "1"
+    monkeypatch.delenv(GIN_ENV, raising=False)
+    assert share_gpu(1, {GIN_ENV: GIN_NOTE}) == [] and MULTI_RANK_ENV not in os.environ and GIN_ENV not in os.environ
+    notes = share_gpu(2, DeepEPV2Backend.shared_gpu_bypasses)
+    assert "NCCL >= 2.30" in notes[0] and os.environ[MULTI_RANK_ENV] == "1"
+    assert notes[1] == GIN_NOTE and "NCCL GIN is unavailable" in notes[1] and os.environ[GIN_ENV] == "1"
+    assert share_gpu(2) == [MULTI_RANK_NOTE] and NcclEPBackend.shared_gpu_bypasses == {}
 
 
 def test_native_failure_is_an_exception_a_stage_reports():
@@ -113,6 +118,11 @@ def test_megatron_flags_ncclep_and_no_path_for_deepep_v2():
     assert f.megatron_lm == ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "ncclep",
                              "--moe-expert-rank-capacity-factor", "2"]
     assert any("Transformer Engine" in n and "NCCL EP" in n for n in f.notes)
+    said = " | ".join(megatron_flags("ncclep", "0.19.2", ep=4, tp=2).notes)
+    assert "bf16 payloads only" in said and "_require_bf16" in said and "Transformer Engine 2.18 exactly" in said
+    assert "top-k x TP (2)" in said and "moe_ncclep_static_shape" in said and "num_topk" in said
+    assert "accepted with flex on megatron-core 0.19" in said and "alltoall only" in " ".join(
+        megatron_flags("deepep", "0.16.1", ep=8).notes)
     with pytest.raises(FlagsError, match="no ncclep dispatcher"):
         megatron_flags("ncclep", "0.16.1", ep=8)
     with pytest.raises(FlagsError, match="TP x EP > 1"):

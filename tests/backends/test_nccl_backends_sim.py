@@ -89,7 +89,8 @@ def small(**kw):
 
 NCCLEP = [(small(), "ncclep", {"mode": "ht"}), (small(dtype="fp8"), "ncclep", {"mode": "ht"}),
           (small(), "ncclep", {"mode": "ll"}), (small(dtype="fp8"), "ncclep", {"mode": "ll"})]
-DEEPEP_V2 = [(small(), "deepep-v2", {}), (small(dtype="fp8"), "deepep-v2", {}), (small(), "deepep-v2", {"expand": 1})]
+DEEPEP_V2 = [(small(), "deepep-v2", {}), (small(dtype="fp8"), "deepep-v2", {}), (small(), "deepep-v2", {"expand": 1}),
+             (small(), "deepep-v2", {"num_qps": 200})]      # above the automatic 129 QPs: allocated as asked
 CASES = (NCCLEP if HAVE_NCCL_EP else []) + DEEPEP_V2
 
 

@@ -21,21 +21,20 @@ from moebench.records import dispatch as records
 W = Workload(num_tokens=16, hidden=64, num_experts=8, topk=2, ep=2)
 
 
-def rank_bytes(w):
-    t = traffic_of([make_routing(w, r)[0] for r in range(w.ep)], w)
-    return (t.pairs_SD.sum(0).double() * w.bytes_per_token).tolist()
+def rank_pairs(w):
+    return traffic_of([make_routing(w, r)[0] for r in range(w.ep)], w).pairs_SD.sum(0).tolist()
 
 
-RANK_BYTES = rank_bytes(W)
+RANK_PAIRS = rank_pairs(W)
 
 
 def run_fake(ctx, name, cls_path, rb):
     base.REGISTRY[name] = cls_path
-    return rank_main(ctx, RunSpec(W, (name,), iters=2), name, measure=False, rank_bytes=rb)
+    return rank_main(ctx, RunSpec(W, (name,), iters=2), name, measure=False, rank_pairs=rb)
 
 
 def test_a_backend_whose_own_byte_count_differs_fails_the_check():
-    outs = run_ranks(run_fake, 2, "cpu", timeout_s=60, args=("test-wrong-bytes", "conftest:WrongBytes", RANK_BYTES))
+    outs = run_ranks(run_fake, 2, "cpu", timeout_s=60, args=("test-wrong-bytes", "conftest:WrongBytes", RANK_PAIRS))
     assert {o.status for o in outs} == {"FAIL"}
     assert "byte rule" in outs[0].error and outs[0].phases == {}
 

@@ -19,10 +19,20 @@ def test_sig3_keeps_three_significant_digits():
 
 
 def test_dispatch_table_and_sweep_line_show_small_figures():
-    row = tables.table_rows([rec(frac_of_ceiling=-0.00213)])[0]           # api, p90, graph, api-graph
-    assert row[2:9] == ["1230", "0.500", "-", "-", "0.0213", "0.0107", "-0.00213"]
+    row = tables.table_rows([rec(frac_of_ceiling=-0.00213)])[0]           # SMs, api, p90, graph, api-graph
+    assert row[2:10] == ["-", "1230", "0.500", "-", "-", "0.0213", "0.0107", "-0.00213"]
     wide = tables.table_rows([rec(frac_of_ceiling=-0.00213)], ("api", "cached", "kernel", "graph"), wide=True)[0]
-    assert wide[2:12] == ["1230", "0.500", "-", "-", "-", "-", "0.0213", "0.0107", "0.0851", "-0.00213"]
+    assert wide[3:13] == ["1230", "0.500", "-", "-", "-", "-", "0.0213", "0.0107", "0.0851", "-0.00213"]
+
+
+def test_the_table_names_each_backends_sms_and_mode():
+    """SMs from the record's knobs (num_sms_used): a count, NCCL's own choice, or '-' where an older record has none."""
+    ncclep = {**rec(), "backend": {"name": "ncclep", "knobs": {"mode": "ll", "num_sms_used": 132}}}
+    a2a = {**rec(), "backend": {"name": "alltoall", "knobs": {"num_sms_used": "nccl"}}}
+    rows = tables.table_rows([ncclep, a2a, rec()])
+    assert [r[:3] for r in rows] == [["ncclep ll", "dispatch", "132"], ["alltoall", "dispatch", "nccl"],
+                                     ["alltoall", "dispatch", "-"]]
+    assert tables.columns(("api", "graph"), False, False)[:4] == ["backend", "phase", "SMs", "api us"]
     line = sweep._summary_line(rec())
     assert "1230 us" in line and "0.0107 GB/s" in line
 

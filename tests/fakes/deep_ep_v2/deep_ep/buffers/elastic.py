@@ -129,7 +129,10 @@ class ElasticBuffer:
         return get_logical_domain_size(self.group, self.allow_hybrid_mode)
 
     def get_theoretical_num_sms(self, num_experts: int, num_topk: int, *args, **kwargs) -> int:
-        """No NVLink speed on CPU: the real formula then gives 4 with prefer_overlap_with_compute, else >= 64."""
+        """No NVLink speed on CPU: the real formula then gives 4 with prefer_overlap_with_compute, else >= 64. Like
+        the real one (elastic.py get_expected_topk: `num_experts % num_groups`) it needs num_experts: a cached
+        dispatch with num_sms=0 (num_experts None) raises TypeError there."""
+        _ = num_experts % self.num_ranks
         return 4 if self.prefer_overlap_with_compute else 64
 
     def get_theoretical_num_qps(self, num_sms: int) -> int:
