@@ -64,18 +64,13 @@ def dispatch(c, g) -> None:
         fail("token bytes plus scale bytes exceed the group token-byte limit")
     if not g.ht:
         slots = (g.local_experts, g.nranks * g.max_tokens)
-        if rx.dtype != x.dtype:
-            fail("LL outputs->tokens dtype must match inputs->tokens")
-        if rx.ndim != 3:
-            fail("LL outputs->tokens must be 3D")
-        if rx.sizes != (*slots, x.sizes[1]):
-            fail("LL outputs->tokens dimensions do not match the selected layout")
-        if rs.dtype != s.dtype:
-            fail("LL outputs->scales dtype must match inputs->scales")
-        if rs.ndim != 3:
-            fail("LL outputs->scales must be 3D")
-        if rs.sizes != (*slots, s.sizes[1]):
-            fail("LL outputs->scales dimensions do not match the selected layout and input scales")
+        for out, given, name, layout in ((rx, x, "tokens", "layout"), (rs, s, "scales", "layout and input scales")):
+            if out.dtype != given.dtype:
+                fail(f"LL outputs->{name} dtype must match inputs->{name}")
+            if out.ndim != 3:
+                fail(f"LL outputs->{name} must be 3D")
+            if out.sizes != (*slots, given.sizes[1]):
+                fail(f"LL outputs->{name} dimensions do not match the selected {layout}")
         return
     if rx.dtype != x.dtype or rx.ndim != 2 or rx.sizes[1] != x.sizes[1]:
         fail("HT outputs->tokens must match the input dtype and physical row width")
