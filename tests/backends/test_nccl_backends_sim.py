@@ -1,6 +1,9 @@
-"""ncclep and deepep-v2 against the oracle on CPU/gloo ranks, with stand-ins of nccl.ep (tests/fakes/nccl) and of
-DeepEP V2 (tests/fakes/deep_ep_v2) that keep the libraries' real signatures: both modes, bf16 and fp8, the cached
-view's calls, the byte rules, the NCCL gate and the last lines of a failed kernel compile."""
+"""ncclep and deepep-v2 against the oracle on CPU/gloo ranks: ncclep through the REAL `nccl.ep` facade of the
+nccl-extensions wheel over a fake native layer (tests/fakes/nccl_ep_native: the Cython bindings' functions
+replaced in each rank), deepep-v2 over its stand-in (tests/fakes/deep_ep_v2). Both modes, bf16 and fp8, the cached
+view's calls, teardown, the group ncclep configures, the byte rules, the NCCL gate and the last lines of a failed
+kernel compile (wrong arguments to the facade: test_nccl_ep_facade.py). Without the wheel (README's test line
+installs it) the ncclep cases are left out."""
 import pytest
 import torch
 
@@ -9,16 +12,18 @@ from moebench.backends import Unavailable, get
 from moebench.backends.nccl_family import NativeFailure
 from moebench.core import reference, traffic, workload
 from moebench.core.workload import Workload
+from moebench.env.toolkit import installed
 from moebench.harness.launch import run_ranks
 from moebench.harness.oracle import check
 
 NCCL_2307 = {"path": "/opt/nccl/lib/libnccl.so.2", "version": "2.30.7"}
+HAVE_NCCL_EP = installed("nccl.ep")         # without it the ncclep cases are left out (test_nccl_ep_facade.py skips)
 
 
 @pytest.fixture
 def fakes(monkeypatch):
     """The stand-ins on the spawned ranks' path (they inherit sys.path and the environment)."""
-    monkeypatch.syspath_prepend(str(FAKES))                  # nccl.ep's stand-in (and DeepEP V1's, hidden by:)
+    monkeypatch.syspath_prepend(str(FAKES))                  # the fake native layer (and DeepEP V1's, hidden by:)
     monkeypatch.syspath_prepend(str(FAKES / "deep_ep_v2"))
     for var in ("FAKE_NCCL_EP_JIT_FAIL", "FAKE_DEEP_EP_V2_JIT_FAIL", "FAKE_DEEP_EP_V2_NCCL", "NCCL_MULTI_RANK_GPU_ENABLE"):
         monkeypatch.delenv(var, raising=False)
@@ -30,8 +35,19 @@ def with_nccl(found: dict):
     nccl.loaded = lambda: dict(found)
 
 
+def native_layer(cases):
+    """The fake native layer under the real nccl.ep in this rank, when a case needs it: its call record."""
+    if not any(name == "ncclep" for _, name, _ in cases):
+        return None
+    import nccl_ep_native
+    from nccl_ep_native import registry
+    nccl_ep_native.install()
+    return registry
+
+
 def round_trips(ctx, cases, found=NCCL_2307):
     with_nccl(found)
+    native = native_layer(cases)
     out = []
     for w, name, knobs in cases:
         b = get(name)(knob_values={"ops_impl": "torch", **knobs}, ranks_per_gpu=2)
@@ -45,15 +61,24 @@ def round_trips(ctx, cases, found=NCCL_2307):
         payload = q if q is not None else x
         err, d, y = check(b, w, ctx.rank, payload, idx, wt, s, ctx.device)
         views = b.cached_phases(payload, idx, wt, s, d, y)
-        handle = getattr(b, "handle", None) or b.buffer
-        before = len(handle.calls)
-        rows = views["dispatch"]().x_RH if views else d.x_RH
+        calls = native.CALLS if name == "ncclep" else b.buffer.calls
+        before = len(calls)
+        reads = [0]
+        if views and name == "ncclep":
+            with native.host_reads() as reads:
+                rows = views["dispatch"]().x_RH
+        else:
+            rows = views["dispatch"]().x_RH if views else d.x_RH
         comb = views["combine"]() if views else None
-        out.append({"check": err, "rows_equal": torch.equal(rows.view(torch.uint8), d.x_RH.view(torch.uint8)),
-                    "combine": reference.check_combine(comb, reference.expected_combine(payload, idx, wt, w, s))
-                    if comb is not None else "", "cached_calls": handle.calls[before:], "views": sorted(views),
-                    "native": b.native_bytes(d), "knobs": b.knobs(), "bypassed": list(b.bypassed)})
+        r = {"check": err, "rows_equal": torch.equal(rows.view(torch.uint8), d.x_RH.view(torch.uint8)),
+             "combine": reference.check_combine(comb, reference.expected_combine(payload, idx, wt, w, s))
+             if comb is not None else "", "cached_calls": calls[before:], "cached_host_reads": reads[0],
+             "views": sorted(views), "native": b.native_bytes(d), "knobs": b.knobs(), "bypassed": list(b.bypassed)}
+        before = len(calls)
         b.teardown()
+        r["teardown_calls"] = calls[before:]
+        r["group_config"] = native.GROUP_CONFIGS[-1] if name == "ncclep" else None
+        out.append(r)
     return out
 
 
@@ -62,11 +87,11 @@ def small(**kw):
                               routing="uniform,masked:0.2"), **kw})
 
 
-CASES = [(small(), "ncclep", {"mode": "ht"}), (small(dtype="fp8"), "ncclep", {"mode": "ht"}),
-         (small(), "ncclep", {"mode": "ll"}), (small(dtype="fp8"), "ncclep", {"mode": "ll"}),
-         (small(), "deepep-v2", {}), (small(dtype="fp8"), "deepep-v2", {}),
-         (small(), "deepep-v2", {"expand": 1}),
-         (small(), "deepep-v2", {"num_qps": 200})]      # above the automatic 129 QPs: allocated as asked
+NCCLEP = [(small(), "ncclep", {"mode": "ht"}), (small(dtype="fp8"), "ncclep", {"mode": "ht"}),
+          (small(), "ncclep", {"mode": "ll"}), (small(dtype="fp8"), "ncclep", {"mode": "ll"})]
+DEEPEP_V2 = [(small(), "deepep-v2", {}), (small(dtype="fp8"), "deepep-v2", {}), (small(), "deepep-v2", {"expand": 1}),
+             (small(), "deepep-v2", {"num_qps": 200})]      # above the automatic 129 QPs: allocated as asked
+CASES = (NCCLEP if HAVE_NCCL_EP else []) + DEEPEP_V2
 
 
 @pytest.mark.slow
@@ -79,8 +104,8 @@ def test_both_pass_the_oracle_in_every_mode_and_dtype(fakes, ep):
             label = f"{name} {knobs} {w.dtype} EP {ep} rank {rank}"
             assert r.get("check") == "" and r["combine"] == "" and r["rows_equal"], (label, r)
             assert r["knobs"]["libnccl"] == NCCL_2307 and "NCCL_MULTI_RANK_GPU_ENABLE=1" in r["bypassed"][0], label
-            if name == "ncclep":       # ep_bench's timed loop: the handle keeps its routing (no update)
-                assert r["cached_calls"] == ["dispatch", "combine"] and r["knobs"]["nccl_ep_lib"] == "0.2.0", label
+            if name == "ncclep":
+                ncclep_calls_and_config(r, w, knobs["mode"], label)
             elif knobs.get("expand"):  # DeepEP refuses a cached expanded dispatch
                 assert r["views"] == [] and r["native"] is None, label
             else:                      # test_ep.py's rule: received rows x (payload + ids + weights)
@@ -90,21 +115,34 @@ def test_both_pass_the_oracle_in_every_mode_and_dtype(fakes, ep):
                 assert r["cached_calls"] == ["dispatch(handle)", "combine"], (label, r["cached_calls"])
 
 
+def ncclep_calls_and_config(r, w, mode, label):
+    """ep_bench's timed loop (the handle keeps its routing: no update; ht without a host wait), a teardown that
+    frees what setup made, and the group ep_bench configures (ht: a fixed budget of the expert-major worst case)."""
+    assert r["cached_calls"] == ["dispatch", "combine"] and r["knobs"]["nccl_ep_lib"] == "0.2.0", (label, r)
+    assert r["teardown_calls"] == ["handle_destroy", "group_destroy", "comm_destroy"], (label, r["teardown_calls"])
+    c = r["group_config"]
+    assert c["num_topk"] == w.topk and c["max_token_bytes"] >= max(w.bytes_per_token, 2 * w.hidden), (label, c)
+    if mode == "ht":
+        assert r["cached_host_reads"] == 0, (label, "the cached ht dispatch read values on the host")
+        assert c["max_recv_tokens_per_rank"] == w.ep * w.num_tokens * w.topk, (label, c)
+
+
 @pytest.mark.slow
 def test_an_old_nccl_is_waived_with_found_and_needed_and_a_failed_compile_names_its_lines(fakes, monkeypatch):
     old = {"path": "/torch/lib/libnccl.so.2", "version": "2.28.9"}
-    [w1, w2] = run_ranks(round_trips, 2, "cpu", 120, args=(CASES[::4], old))
-    for r in w1 + w2:
+    first = [c for c in (NCCLEP[0], DEEPEP_V2[0]) if c in CASES]
+    for r in sum(run_ranks(round_trips, 2, "cpu", 120, args=(first, old)), []):
         assert "needs libnccl >= 2.30.4; this process loaded 2.28.9 from /torch/lib/libnccl.so.2" in r["waived"]
     monkeypatch.setenv("FAKE_NCCL_EP_JIT_FAIL", "1")
     monkeypatch.setenv("FAKE_DEEP_EP_V2_JIT_FAIL", "1")
-    for case in (CASES[0], CASES[4]):
+    for case in first:
         errors = run_ranks(first_call_error, 2, "cpu", 120, args=(case,))
         assert all("NativeFailure" in e and "compil" in e.lower() and "its last lines:" in e for e in errors), errors
 
 
 def first_call_error(ctx, case):
     with_nccl(NCCL_2307)
+    native_layer([case])
     w, name, knobs = case
     b = get(name)(knob_values={"ops_impl": "torch", **knobs})
     b.setup(ctx.group, w, ctx.device)

@@ -1,55 +1,68 @@
-"""What the fake nccl.ep shares: moving tensors over a gloo group, the library's failure forms, the JIT failure.
-
-Tensors travel as raw bytes through `all_gather_object` (gloo's object pickling cannot carry float8), as
-tests/fakes/deep_ep/sim.py does: slow, and only for small test shapes. Failure forms of the real library:
-  * `return ncclInvalidArgument/...` -> the Cython check raises NCCLEpError(status) (`invalid`), after the
-    library's own stderr line where it prints one;
+"""How the fake native layer fails, in the forms the real libnccl_ep.so fails (line numbers: nccl-extensions 44d2de0
+`nccl_ep/nccl_ep.cc`; the 0.1.0 wheel's library carries the same strings):
+  * `return ncclInvalidArgument/...`: the Cython check raises the real `NCCLEpError(status)` ("NCCL EP error code
+    N", ext `python/nccl/_extensions/bindings/nccl_ep.pyx:2600-2615`), after the library's own stderr line where it
+    prints one (`invalid`);
   * C `assert()` (live in the wheel) aborts the process: `c_assert` raises RuntimeError with glibc's text;
   * EP_HOST_ASSERT throws EPException through the extern "C" API (std::terminate): `host_assert` raises
-    RuntimeError with EPException's text (`include/nccl_ep/device/macros.cuh:30-60`).
+    RuntimeError with EPException's text (`include/nccl_ep/device/macros.cuh:30-60`);
+  * EP_DEVICE_ASSERT traps the kernel (the CUDA context is lost at the next sync): `device_assert`;
+  * where the library has no check and would write past a buffer it sized (no error, corrupt memory or an illegal
+    address later): `overrun` raises a RuntimeError that says it is the fake's, and what the real one would do.
+Checks of things the fake does not simulate raise ValueError (`unsupported`).
 """
 import os
 
-from gloo_bytes import garbage, gather, u8  # noqa: F401 - the helpers this fake's modules use
 from nccl._extensions.bindings.nccl_ep import NCCLEpError
 
 INTERNAL, INVALID_ARGUMENT, INVALID_USAGE = 3, 4, 5
-SRC = "nccl_ep/nccl_ep.cc"          # line numbers: ext 44d2de0 (the wheel's may differ; its strings are the same)
+SRC = "nccl_ep/nccl_ep.cc"
+DISPATCH, COMBINE = "ncclResult_t ncclEpDispatch(...)", "ncclResult_t ncclEpCombine(...)"     # assert()'s function
 
 
-def stderr(line):
+def stderr(line: str) -> None:
     os.write(2, (line + "\n").encode())        # the library's fprintf(stderr, ...), at the fd level as native code
 
 
-def invalid(status, line=None):
+def invalid(status: int, line: str | None = None):
     if line:
         stderr(line)
     raise NCCLEpError(status)
 
 
-def c_assert(ok, line, cond, func="ncclResult_t ncclEpDispatch(...)"):
+def c_assert(ok, line: int, cond: str, func: str = DISPATCH) -> None:
     if not ok:
         raise RuntimeError(f"{SRC}:{line}: {func}: Assertion `{cond}' failed. (the real library aborts: SIGABRT)")
 
 
-def host_assert(ok, line, cond):
+def host_assert(ok, line: int, cond: str) -> None:
     if not ok:
         raise RuntimeError(f"terminate called after throwing an instance of 'EPException'\n  what():  Failed: "
                            f"Assertion error {SRC}:{line} '{cond}' (the real library terminates the process)")
 
 
-def fake_check(ok, what):
-    """A check the real library makes in a way not traced here (or not at all): the fake refuses with ValueError."""
+def device_assert(ok, where: str, cond: str) -> None:
+    if not ok:
+        raise RuntimeError(f"{where}: device-side assertion `{cond}' failed (the real kernel traps: the next CUDA "
+                           "call reports an unspecified launch failure)")
+
+
+def overrun(ok, what: str) -> None:
+    if not ok:
+        raise RuntimeError(f"fake nccl.ep (simulated, the real library has no check): {what}")
+
+
+def unsupported(ok, what: str) -> None:
     if not ok:
         raise ValueError(f"fake nccl.ep: {what}")
 
 
 # ---- the JIT: FAKE_NCCL_EP_JIT_FAIL=1 fails the kernel compile (ext device/jit/ht_dispatch_jit.cuh:245-254,
 # ll_dispatch_jit.cuh:130, nvcc_compiler.cc:221-290 for the log form, jit_runtime.cc:886 for the in-process memo)
-_failed = set()
+_failed: set[str] = set()
 
 
-def jit_launch(kind, variant):
+def jit_launch(kind: str, variant: str) -> None:
     if os.environ.get("FAKE_NCCL_EP_JIT_FAIL") != "1":
         return
     d = os.environ.get("NCCL_EP_JIT_CACHE_DIR", "/tmp/nccl_ep/jit") + "/" + variant

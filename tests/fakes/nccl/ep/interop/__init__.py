@@ -1,1 +1,0 @@
-"""NCCL EP interop modules: PyTorch integration helpers (fake)."""
