@@ -7,10 +7,10 @@
 #            (bench/nccl_build.sh layout: one libnccl in the process), stamp the V2 build's provenance
 #            (bench/deepep_v2_build.sh stamp), export the environment the other steps and the GPU tier use
 #   ep1      the EP 1 table, T 4096 H 7168 E 256 K 8, bf16 then fp8: alltoall, mcore-alltoall (bf16), ncclep ht and
-#            ll, deepep-v2 at their default SMs (V2 on the path); then hybridep and deepep with V1 on the path
-#            (deepep's intranode Buffer takes 2, 4 or 8 ranks: its row says so)
+#            ll, deepep-v2 at their default SMs (V2 on the path). DeepEP V1 and HybridEP do not run at EP 1 (the
+#            legacy intranode Buffer takes 2, 4 or 8 ranks; HybridEPBuffer segfaults at world size 1: refused)
 #   sms      --knob-sweep num_sms at EP 1 (bench/ep1-sms*.toml): ncclep ht, ncclep ll, deepep-v2, each's best
-#   shared   EP 2 and EP 4 on one GPU (ranks sharing it, functional; T 64 H 2048 E 16 K 4): ncclep ht, ll and
+#   shared   EP 2 and EP 4 (SHARED_EPS) on one GPU (ranks sharing it, functional; T 64 H 2048 E 16 K 4): ncclep ht, ll and
 #            deepep-v2 through the oracle with memory rows, each soaked with $SOAK (default 2000) calls within
 #            $SOAK_SECONDS (default 60) after its setup
 #   gputier  the GPU tier (bench/dispatch_h200.sh gputier) with ncclep and deepep-v2 expected to run
@@ -26,7 +26,6 @@ D="python3 -m moebench.dispatch --device cuda"
 BIG="--num-tokens 4096 --hidden 7168 --num-experts 256 --topk 8"
 SMALL="--num-tokens 64 --hidden 2048 --num-experts 16 --topk 4"
 v2() { PYTHONPATH="$V2:$PYTHONPATH" "$@"; }                   # DeepEP V2 first on the path (V1 shares its name)
-v1() { use_deepep_build; PYTHONPATH="$DEEPEP_BUILD:$PYTHONPATH" "$@"; }
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
 for s in "$@"; do case $s in
 env)
@@ -47,9 +46,6 @@ ep1)
   step "EP 1 table, fp8: alltoall, ncclep ht and ll, deepep-v2"
   v2 timeout 200 $D --ep 1 --backend alltoall,ncclep,deepep-v2 --knob mode=ht $BIG --dtype fp8 --iters 20 --out "$J"
   v2 timeout 150 $D --ep 1 --backend ncclep --knob mode=ll $BIG --dtype fp8 --iters 20 --out "$J"
-  step "EP 1: hybridep and deepep (V1 build on the path)"
-  v1 timeout 200 $D --ep 1 --backend hybridep,deepep $BIG --iters 20 --out "$J"
-  v1 timeout 120 $D --ep 1 --backend hybridep $BIG --dtype fp8 --iters 20 --out "$J"
   python3 -m moebench.report "$J" ;;
 sms)
   step "--knob-sweep num_sms at EP 1: ncclep ht, ncclep ll, deepep-v2"
@@ -61,7 +57,7 @@ sms)
   v2 timeout 250 $D --ep 1 --sweep bench/ep1-sms.toml --knob-sweep --backend deepep-v2 --iters 10 \
     --views api,cached,kernel --out "$OUT/nextgen-sms-deepep-v2-$GPU.jsonl" ;;
 shared)
-  for ep in 2 4; do
+  for ep in ${SHARED_EPS:-2 4}; do
     step "EP $ep on one GPU: ncclep ht, ll, deepep-v2 through the oracle, soaked (${SOAK_SECONDS:-60} s each)"
     for b in "ncclep --knob mode=ht" "ncclep --knob mode=ll" "deepep-v2"; do
       v2 timeout 300 $D --ep $ep --ranks-per-gpu $ep --backend $b $SMALL --iters 10 --views api,cached \
