@@ -59,7 +59,7 @@ sms)
 shared)
   for ep in ${SHARED_EPS:-2 4}; do
     step "EP $ep on one GPU: ncclep ht, ll, deepep-v2 through the oracle, soaked (${SOAK_SECONDS:-60} s each)"
-    for b in "ncclep --knob mode=ht" "ncclep --knob mode=ll" "deepep-v2"; do
+    for b in ${SHARED_BACKENDS:-"ncclep --knob mode=ht" "ncclep --knob mode=ll" "deepep-v2"}; do
       v2 timeout 300 $D --ep $ep --ranks-per-gpu $ep --backend $b $SMALL --iters 10 --views api,cached \
         --soak ${SOAK:-2000} --soak-seconds ${SOAK_SECONDS:-60} --timeout 200 --out "$OUT/nextgen-shared-$GPU.jsonl"
       echo "rc=$? (3: the soak ran out of its budget with nothing corrupted)"

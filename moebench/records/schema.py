@@ -186,14 +186,15 @@ def performance_only(recs: list[dict], tool: str) -> list[dict]:
 
 
 TUNABLE = ("num_sms",)        # backend.knobs keys that count as a knob setting without sweep tags
+MODES = ("mode",)             # backend.knobs keys that make another case, swept or not (ncclep ht / ll)
 
 
 def knobs_of(r: dict) -> dict:
-    """The knob setting a record was run with: its sweep tag, else the tunable backend knobs."""
-    tag = r.get("sweep") or {}
-    if tag.get("knobs"):
-        return dict(tag["knobs"])
-    return {k: v for k, v in ((r.get("backend") or {}).get("knobs") or {}).items() if k in TUNABLE}
+    """The knob setting a record was run with: its mode, and its sweep tag, else the tunable backend knobs."""
+    k = (r.get("backend") or {}).get("knobs") or {}
+    tag = (r.get("sweep") or {}).get("knobs")
+    return {**{n: k[n] for n in MODES if k.get(n) is not None},
+            **(dict(tag) if tag else {n: v for n, v in k.items() if n in TUNABLE})}
 
 
 def knob_str(r: dict) -> str:

@@ -236,7 +236,7 @@ def _parts(r: dict) -> Problem | None:
     env, tag, shared = r.get("env") or {}, r.get("sweep") or {}, r.get("shared_gpu") or {}
     return (_typed(b, "name", "backend.", str, "a backend name", required=True)
             or _typed(b, "knobs", "backend.", dict, "an object")
-            or _count(b.get("knobs") or {}, "num_sms", "backend.knobs.")
+            or _count(b.get("knobs") or {}, "num_sms", "backend.knobs.", low=0)      # 0: the library picks (deepep-v2)
             or _typed(r, "phase", "", str, "a phase name", required=True)
             or _typed(c, "status", "check.", str, "a status", required=True)
             or _typed(c, "error", "check.", str, "a string")
