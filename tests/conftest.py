@@ -121,6 +121,17 @@ class WrongBytes(AlltoallBackend):
         return float(pairs[dist.get_rank(self.group)] * w.bytes_per_token) + 1
 
 
+class EpBenchLoop(AlltoallBackend):
+    """alltoall timed in its cached view as NCCL EP's ep_bench times its calls (views/cached.py `paired`)."""
+    name = "test-ep-bench"
+    cached_loop = "ep_bench"
+    calls: list = []
+
+    def cached_phases(self, *args):
+        calls = super().cached_phases(*args)
+        return {p: (lambda fn=fn, p=p: (EpBenchLoop.calls.append(p), fn())[1]) for p, fn in calls.items()}
+
+
 class FlakyCombine(AlltoallBackend):
     """Returns one wrong combined row in every 25th combine from the 25th on (about 4% of calls), as DeepEP's
     low-latency combine did on Blackwell: the one check before timing (the first combine) passes it."""

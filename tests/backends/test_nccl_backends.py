@@ -74,7 +74,7 @@ def test_deepep_v2_refuses_rows_and_knobs_it_cannot_take():
 
 
 CAPTURED = """
-import os, sys
+import ctypes, os, sys
 from moebench.backends.nccl_family import native_output, NativeFailure
 with native_output("quiet call"):
     os.write(1, b"compiled fine\\n")
@@ -82,6 +82,7 @@ try:
     with native_output("first dispatch"):
         for i in range(20):
             os.write(2, f"nvcc line {i}\\n".encode())
+        ctypes.CDLL(None).printf(b"kernel.cu(7): error via C stdio\\n")    # buffered: stdout is a file here
         raise RuntimeError("NCCL EP error code 3")
 except NativeFailure as e:
     print("ERROR:", e)
@@ -94,7 +95,8 @@ def test_native_output_passes_text_on_and_a_failure_carries_its_last_lines():
     assert "compiled fine" in p.stderr and "nvcc line 0" in p.stderr     # the native text still reaches the user
     err = next(line for line in p.stdout.splitlines() if line.startswith("ERROR:"))
     assert "first dispatch: RuntimeError: NCCL EP error code 3" in err
-    assert "nvcc line 19" in err and "nvcc line 8" in err and "nvcc line 7 " not in err + " "
+    assert "nvcc line 19" in err and "nvcc line 9" in err and "nvcc line 8 " not in err + " "
+    assert err.rstrip().endswith("kernel.cu(7): error via C stdio")      # C's buffer flushed before the fds return
 
 
 def test_shared_gpu_ranks_turn_on_nccl_multi_rank_and_a_backends_own_bypass(monkeypatch):

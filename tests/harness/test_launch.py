@@ -57,6 +57,24 @@ def test_a_rank_that_crashes_is_named_with_its_signal():
         run_ranks(segfault_on_rank0, 2, "cpu", timeout_s=60)
 
 
+def abort_inside_native_output(ctx):
+    """A library that aborts on a C assert (its message written to the unbuffered stderr by __assert_fail, then
+    SIGABRT), as NCCL EP does on misuse, while a backend listens to its native output."""
+    from moebench.backends.nccl_family import native_output
+    with native_output("first dispatch"):
+        if ctx.rank == 0:
+            os.write(2, b"nccl_ep.cc:1684: ncclEpCreateGroup: Assertion `max_dispatch_tokens_per_rank > 0' failed.\n")
+            os.abort()
+        time.sleep(60)
+
+
+@pytest.mark.slow
+def test_a_rank_that_aborts_in_a_native_call_is_named_with_the_librarys_last_lines():
+    with pytest.raises(LaunchError, match=r"rank 0 died.*SIGABRT.*its last lines: nccl_ep.cc:1684: "
+                                          r"ncclEpCreateGroup: Assertion `max_dispatch_tokens_per_rank > 0' failed"):
+        run_ranks(abort_inside_native_output, 2, "cpu", timeout_s=60)
+
+
 @pytest.mark.slow
 def test_a_hang_ends_at_the_timeout():
     t0 = time.monotonic()

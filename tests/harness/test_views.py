@@ -39,6 +39,30 @@ def test_a_backend_whose_own_byte_count_differs_fails_the_check():
     assert "byte rule" in outs[0].error and outs[0].phases == {}
 
 
+def ep_bench_calls(ctx):
+    from conftest import EpBenchLoop
+    out = run_fake(ctx, "test-ep-bench", "conftest:EpBenchLoop", RANK_PAIRS)
+    return out, EpBenchLoop.calls
+
+
+def test_a_backend_timed_as_ep_bench_pairs_dispatch_and_combine_in_its_cached_view():
+    """ep_bench's loop: per iteration dispatch then combine, each timed alone, the first iteration dropped."""
+    (out, calls), _ = run_ranks(ep_bench_calls, 2, "cpu", timeout_s=60)
+    assert out.status == "PASS", out.error
+    cached = {p: out.views[p]["cached"] for p in ("dispatch", "combine")}
+    assert all("ep_bench's paired loop" in v["aggregation"] and v["iters"] == 2 for v in cached.values()), cached
+    timed = calls[-6:]                   # iters 2 + the first one dropped, after the warm-up's pairs
+    assert timed == ["dispatch", "combine"] * 3 and calls[:2] == ["dispatch", "combine"]
+
+
+def test_host_time_is_never_negative_and_says_when_it_is_within_noise():
+    rows = [{"kernel": "k", "us_per_iter": 21.0}]
+    split = profile.host_split(20.0, KernelProfile(rows, 21.0))
+    assert split["host_us"] is None and split["kernel_busy_us"] == 21.0
+    assert split["host_note"].startswith("within noise") and "1.0 us (5.0%) above the api median" in split["host_note"]
+    assert profile.host_split(20.0, KernelProfile(rows, 19.5))["host_us"] == 0.5
+
+
 def test_views_are_found_in_the_package_in_order():
     assert views.VIEWS == ("api", "cached", "kernel", "graph") and views.SAMPLED == ("api", "cached", "graph")
     assert all(m.ABOUT and m.NAME == n for n, m in views.REGISTRY.items())
