@@ -86,24 +86,39 @@ class _Ev:
         self.time_range = type("R", (), {"elapsed_us": lambda _self: us, "start": start, "end": start + us})()
 
 
-def test_device_rows_leave_out_the_kernels_under_the_flush_range():
-    """Two profiled calls, each behind a flush whose reduce kernel the call itself also launches once: the rows
-    keep the call's kernels (its own reduce included) and drop exactly the flush's, and the range's GPU span."""
+def flushed_calls(spin: bool = False):
+    """Two profiled calls, each behind a flush whose reduce kernel the call itself also launches once (and, with
+    spin, a sleep kernel no torch op launched, as bench_kineto's lead does), the flush's kernels inside the
+    range's GPU span, the call's after it."""
     from collections import namedtuple
     K = namedtuple("K", "name device duration")
     events = []
-    for _ in range(2):
+    for t0 in (0.0, 1000.0):
         amax = _Ev("aten::amax", kernels=[K("reduce", 0, 90.0)])
-        events += [_Ev(timing.FLUSH_RANGE, children=[amax]), amax, _Ev("reduce", True, 90.0),
-                   _Ev(timing.FLUSH_RANGE, True, 91.0),                          # the range's GPU span
-                   _Ev("user.range", True, 7.0, activity="gpu_user_annotation"),  # another range's, newer torch
-                   _Ev("copy", True, 10.0), _Ev("reduce", True, 4.0)]
+        events += [_Ev(timing.FLUSH_RANGE, children=[amax]), amax, _Ev("reduce", True, 90.0, start=t0),
+                   *([_Ev("spin_kernel", True, 300.0, start=t0 + 91)] if spin else []),
+                   _Ev(timing.FLUSH_RANGE, True, 400.0 if spin else 91.0, start=t0),   # the range's GPU span
+                   _Ev("user.range", True, 7.0, activity="gpu_user_annotation", start=t0 + 500),  # newer torch's
+                   _Ev("copy", True, 10.0, start=t0 + 500), _Ev("reduce", True, 4.0, start=t0 + 510)]
+    return events
+
+
+@pytest.mark.parametrize("spin", [False, True])
+def test_device_rows_leave_out_the_kernels_under_the_flush_range(spin):
+    """The rows keep the call's kernels (its own reduce included) and drop exactly the flush's (a kernel no op
+    launched too: found by the range's GPU span), and the range's GPU span itself."""
+    events = flushed_calls(spin)
     rows = {r["kernel"]: r for r in timing._device_rows(events, 2)}
     assert rows["copy"] == {"kernel": "copy", "calls_per_iter": 1.0, "us_per_iter": 10.0}
     assert rows["reduce"]["calls_per_iter"] == 1.0 and rows["reduce"]["us_per_iter"] == pytest.approx(4.0)
     assert set(rows) == {"copy", "reduce"}
     no_flush = timing._device_rows([e for e in events if e.name not in (timing.FLUSH_RANGE, "aten::amax")], 2)
-    assert {r["kernel"]: r["calls_per_iter"] for r in no_flush} == {"copy": 1.0, "reduce": 2.0}
+    assert {r["kernel"]: r["calls_per_iter"] for r in no_flush} == {"copy": 1.0, "reduce": 2.0,
+                                                                     **({"spin_kernel": 1.0} if spin else {})}
+    # a profile without the range's GPU span (older torch): the kernels of the torch ops under the range
+    host_only = [e for e in events if not (e.name == timing.FLUSH_RANGE and e.device_type != torch.autograd.DeviceType.CPU)]
+    rows = {r["kernel"]: r for r in timing._device_rows(host_only, 2)}
+    assert rows["reduce"]["calls_per_iter"] == 1.0 and rows["copy"]["calls_per_iter"] == 1.0
 
 
 def test_busy_time_is_the_union_of_the_calls_kernels_without_the_flush():

@@ -9,9 +9,6 @@ iterations after the first; no L2 flush)."""
 from __future__ import annotations
 
 import statistics
-import time
-
-import torch
 
 from . import PHASES, Case, figure, none
 from .profile import KERNEL_ROWS, per_rank, profile
@@ -41,22 +38,9 @@ def paired(case: Case, calls: dict) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {p: [] for p in PHASES}
     for _ in range(max(spec.iters, 2) + 1):
         for p in PHASES:
-            times[p].append(_one_call(calls[p], timer.cuda))
+            times[p].append(timer.alone(calls[p]))
         timer.barrier()
     return {p: t[1:] for p, t in times.items()}
-
-
-def _one_call(fn, cuda: bool) -> float:
-    if not cuda:
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e-3
 
 
 def one(case: Case, fn, times: list[float] | None = None) -> dict:
