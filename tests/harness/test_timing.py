@@ -116,7 +116,8 @@ def test_device_rows_leave_out_the_kernels_under_the_flush_range(spin):
     assert {r["kernel"]: r["calls_per_iter"] for r in no_flush} == {"copy": 1.0, "reduce": 2.0,
                                                                      **({"spin_kernel": 1.0} if spin else {})}
     # a profile without the range's GPU span (older torch): the kernels of the torch ops under the range
-    host_only = [e for e in events if not (e.name == timing.FLUSH_RANGE and e.device_type != torch.autograd.DeviceType.CPU)]
+    cpu = torch.autograd.DeviceType.CPU
+    host_only = [e for e in events if not (e.name == timing.FLUSH_RANGE and e.device_type != cpu)]
     rows = {r["kernel"]: r for r in timing._device_rows(host_only, 2)}
     assert rows["reduce"]["calls_per_iter"] == 1.0 and rows["copy"]["calls_per_iter"] == 1.0
 
