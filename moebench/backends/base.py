@@ -195,6 +195,13 @@ class Backend:
         gloo group, data-dependent output sizes)."""
         return self.no_graph_view
 
+    def chained_plan(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d: Dispatched, y_RH) -> GraphPlan | str:
+        """Timing view `chained`: a dispatch -> combine pair the host can queue back to back, free-running, with no
+        host sync inside (CollectiveX's chain), or why there is none. By default the graph view's calls: a call that
+        can be captured makes no host sync. A backend whose sync-free calls cannot be captured gives them here."""
+        plan = self.graph_plan(x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH)
+        return f"no dispatch -> combine pair known free of host syncs: {plan}" if isinstance(plan, str) else plan
+
     def cached_graph(self, mode: str, cached: dict) -> GraphPlan:
         """A GraphPlan of the cached calls, where those are graph-safe (the checked handle reused)."""
         return GraphPlan(mode, cached["dispatch"], lambda d_graph: cached["combine"]())
