@@ -86,7 +86,9 @@ def flashinfer(t, w: Workload, phase: str) -> dict:
     token selects on that rank; combine = hidden x 2 per such pair. Payload: bf16 2H; its `fp8` recipe is
     per-tensor (H, no scales); moebench's fp8 (per-128 fp32 scales) is its `fp8_block_scale` recipe, which that
     function counts at the input dtype's 2 bytes per value (its else branch): followed as written. It sums every
-    rank's routing and prints aggregate TB/s (bytes of all ranks / time); stored per rank here."""
+    rank's routing and prints aggregate TB/s (bytes of all ranks / time); stored per rank here. An older version of
+    the same file (06686f7) had no exact count: T x (payload + 8 B x K) x (n - 1) / n, a uniform estimate; tables
+    printed by it are not this rule."""
     remote_SD = ~torch.eye(t.world, dtype=torch.bool)
     pairs, slots = _mean(t.pairs_SD * remote_SD, t), _mean(t.slots_SD * remote_SD, t)
     if phase == "combine":

@@ -40,7 +40,7 @@ def test_chain_reduces_every_pair_over_ranks_and_the_oracle_checks_its_last_pair
     for err, v, bad, made in run_ranks(_chains, 2, "cpu", timeout_s=60):
         assert err == "" and "fail" not in v, v
         assert v["pairs"] == 3 and v["dropped"] == 1 and len(v["samples_us"]) == 3
-        assert made == 2 + 1 + 3                      # two warm-up pairs, one dropped, three kept
+        assert made == 1 + 3                          # one dropped (a CPU run's warm-up), three kept
         assert v["us"] == pytest.approx(sorted(v["samples_us"])[1], abs=1e-3) and v["max_over_ranks_us"] == v["us"]
         # the slowest rank's window is never below the median rank's (2 ranks: the median is the lower)
         assert v["median_over_ranks_us"] <= v["us"] and v["spread_us"] >= 0

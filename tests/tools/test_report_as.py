@@ -6,6 +6,8 @@ hand (its own loop over the routing, or the peer's constant per copy) and sets t
 import functools
 import json
 
+import pytest
+
 from moebench import report
 from moebench.core import traffic
 from moebench.core.workload import Workload, make_routing
@@ -70,20 +72,25 @@ def test_aws_results_ep16_rows(tmp_path, capsys):
     assert "49.59 GB/s/rank" in out_rows[0] and "42.68 GB/s/rank" in out_rows[1]
 
 
-def test_deepep_v2_readme_sm100_ep8(tmp_path, capsys):
-    """deepseek-ai/DeepEP README (V2, SM100, EP 8, NVLink, 8K tokens, H 7168, top-8, FP8 dispatch, BF16 combine,
-    64 SMs): 726 GB/s dispatch, 740 GB/s combine: received (token, rank) rows x (payload + 8 B id + 4 B weight per top-k)
-    / the kernel time; the combine x (2H + 4 B weight per top-k)."""
-    w = Workload(num_tokens=8192, hidden=7168, num_experts=256, topk=8, ep=8, dtype="fp8")
+@pytest.mark.parametrize("T,dtype,dispatch_gbps,combine_gbps", [
+    (8192, "fp8", 726, 740),       # deepseek-ai/DeepEP@dd758ca README: SM100, EP 8, NVLink, 64 SMs
+    (4096, "bf16", 289, 342),      # nebius/ml-cookbook@0953130 deepep/README.md "Performance": H200, v2
+])
+def test_deepep_v2_published_ep8_rows(tmp_path, capsys, T, dtype, dispatch_gbps, combine_gbps):
+    """DeepEP V2's SU figures at EP8, H 7168, 256 experts, top-8 (DeepEP's README: 8K tokens, FP8 dispatch, BF16
+    combine; Nebius's H200 table: 4096 tokens, BF16): received (token, rank) rows x (payload + 8 B id + 4 B weight
+    per top-k) / the kernel time; the combine x (2H + 4 B weight per top-k)."""
+    w = Workload(num_tokens=T, hidden=7168, num_experts=256, topk=8, ep=8, dtype=dtype)
     pairs = pairs_per_rank(w)
-    d_bytes, c_bytes = pairs * (7168 + 7168 // 128 * 4 + 8 * 12), pairs * (2 * 7168 + 8 * 4)
-    t_d, t_c = d_bytes / 726.2e9 * 1e6, c_bytes / 740.2e9 * 1e6            # the kernel times those rows imply
+    payload = 7168 + 7168 // 128 * 4 if dtype == "fp8" else 2 * 7168
+    d_bytes, c_bytes = pairs * (payload + 8 * 12), pairs * (2 * 7168 + 8 * 4)
+    t_d, t_c = d_bytes / (dispatch_gbps + 0.2) / 1e3, c_bytes / (combine_gbps + 0.2) / 1e3   # the kernel us implied
     recs = [rec(w, "dispatch", 2 * t_d, "deepep-v2", {"kernel": view(t_d)}),
             rec(w, "combine", 2 * t_c, "deepep-v2", {"kernel": view(t_c)})]
     out = run_as(tmp_path, capsys, recs, "deepep-v2")
-    d, c = (ln.split() for ln in out.splitlines() if ln.startswith("8192"))   # T backend phase t SU SO bytes
-    assert d[2:] == ["dispatch", f"{t_d:.3f}", "726", "-", f"{d_bytes:.0f}"]
-    assert c[2:] == ["combine", f"{t_c:.3f}", "740", "-", f"{c_bytes:.0f}"]
+    d, c = (ln.split() for ln in out.splitlines() if ln.startswith(str(T)))   # T backend phase t SU SO bytes
+    assert d[2:] == ["dispatch", f"{t_d:.3f}", str(dispatch_gbps), "-", f"{d_bytes:.0f}"]
+    assert c[2:] == ["combine", f"{t_c:.3f}", str(combine_gbps), "-", f"{c_bytes:.0f}"]
 
 
 def test_collectivex_chained_pair_period_and_logical_gbps(tmp_path, capsys):
@@ -102,7 +109,7 @@ def test_collectivex_chained_pair_period_and_logical_gbps(tmp_path, capsys):
 
 
 def test_deepep_v1_h200_dispatch_in_the_cached_view(tmp_path, capsys):
-    """nebius/ml-cookbook deepep/README.md (DeepEP V1, 8 x H200, 4096 tokens, H 7168, 256 experts, top-8, BF16):
+    """nebius/ml-cookbook@0953130 deepep/README.md "Performance" (DeepEP V1, 8 x H200, 4096 tokens, H 7168, 256 experts, top-8, BF16):
     336 GB/s dispatch: test_intranode's recv_x.numel() x 2 / its cached-call time."""
     w = Workload(num_tokens=4096, hidden=7168, num_experts=256, topk=8, ep=8)
     nvl = pairs_per_rank(w) * 2 * 7168

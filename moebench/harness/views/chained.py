@@ -67,7 +67,8 @@ def chain(timer: Timer, plan, kept: int, drop: int, check, wait_s: float, warmup
     """One free-running chain of drop + kept pairs of `plan` (a backends.base.GraphPlan) on every rank, its view:
     the per-pair windows reduced over ranks, the last pair's outputs checked (check(d, y) -> '' or the oracle's
     complaint). Every rank calls this."""
-    timer.warmup(lambda: _pair(plan), warmup_ms)
+    if timer.cuda:              # a CPU run's first, dropped pair is its warm-up (the CPU tier pays for every call)
+        timer.warmup(lambda: _pair(plan), warmup_ms)
     timer.barrier()
     n = drop + kept
     if timer.cuda:
