@@ -105,10 +105,10 @@ SWITCH = Knob(choices=(0, 1))
 
 @dataclass
 class GraphPlan:
-    """A backend's graph-safe mode (timing view `graph`): calls that make no host sync, so that each can be
-    captured in a CUDA graph and replayed. `combine` is given the captured dispatch's output (low-latency
-    mode combines what that dispatch received); `between`, when set, runs (captured, untimed) between
-    the two: moebench's correctness expert on the received rows, where the combine needs it."""
+    """A backend's graph-safe mode (timing view `graph`; `chained` queues the same pairs free-running): calls that
+    make no host sync, so that each can be captured in a CUDA graph and replayed. `combine` is given the captured
+    dispatch's output (low-latency mode combines what that dispatch received); `between`, when set, runs (captured,
+    untimed) between the two: moebench's correctness expert on the received rows, where the combine needs it."""
     mode: str                                           # named in the record
     dispatch: Callable[[], Dispatched]
     combine: Callable[[Dispatched], torch.Tensor]
