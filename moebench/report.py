@@ -10,6 +10,10 @@
                                 run of a case; functional-only (CPU, shared-GPU) records are left out
   --markdown / --json           for pasting into a review / for machines
   --best-knobs                  the fastest knob setting per (backend, shape), from knob sweeps
+  --as PEER                     the records in a peer's byte rule, timing boundary and column names
+                                (collectivex, aws, nccl-tests, deepep, deepep-v2, ep_bench, hybridep), with
+                                where this run's boundary is not the peer's, so a row can be set beside a
+                                table that peer published
 
 Noise band: the 95% bootstrap interval of the ratio of medians B/A, resampling the per-iteration
 times (`timing.samples_us`) of each side. Records without samples fall back to a normal
@@ -30,7 +34,7 @@ import numpy as np
 
 from . import cli
 from .core.workload import describe
-from .records import knobs, schema
+from .records import knobs, peers, schema
 from .records.plots import METRICS, PlotError, plot_bandwidth, plot_overlap
 from .harness.views import SAMPLED as SAMPLED_VIEWS
 from .records.reader import read_dispatch
@@ -225,6 +229,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", action="store_true", help="GitHub markdown tables")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--best-knobs", action="store_true", help="best knob setting per backend and shape")
+    p.add_argument("--as", dest="as_peer", choices=tuple(peers.PEERS), metavar="PEER",
+                   help=f"the records in a peer's byte rule, boundary and column names: {', '.join(peers.PEERS)}")
     return p
 
 
@@ -259,6 +265,9 @@ def run(args) -> int:
     bad_out = cli.first_output_problem([(args.plot, "--plot"), (args.overlap_plot, "--overlap-plot")])
     if bad := bad_out or cli.repeated_input(args.files):
         raise ReportError(bad)
+    if args.as_peer and (args.compare or args.best_knobs):
+        raise ReportError(f"--as {args.as_peer} sets records beside a peer's table: not with "
+                          f"{'--compare' if args.compare else '--best-knobs'}")
     if args.compare:
         ra, rb, la, lb, by_backend = _compare_inputs(args)
         read = len(ra) + len(rb)
@@ -274,7 +283,11 @@ def run(args) -> int:
     if not args.files:
         raise ReportError("give one or more JSONL files")
     recs = read_dispatch(args.files, "moebench.report")
-    if args.best_knobs:
+    if args.as_peer:
+        peer = peers.PEERS[args.as_peer]
+        print(json.dumps(peers.rows(peer, schema.latest(recs)), indent=1) if args.json else
+              peers.format_as(peer, _groups(schema.latest(recs)), args.markdown))
+    elif args.best_knobs:
         best = knobs.best_knobs(recs)
         print(json.dumps(best, indent=1) if args.json else
               format_best(best, "github" if args.markdown else "simple") if best else "# no knob settings")

@@ -135,3 +135,10 @@ class AlltoallBackend(Backend):
             return f"the exchange runs on {dist.get_backend(self.group)}, whose collectives cannot be captured"
         mode = "splits known ahead (the checked dispatch's), " + ("NCCL" if self.world > 1 else "one rank: no exchange")
         return self.cached_graph(mode, self.cached_phases(x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH))
+
+    def chained_plan(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
+        """The cached calls on any group: they make no host sync of their own (a gloo exchange blocks the host inside
+        the collective: a CPU or shared-GPU run, functional only)."""
+        mode = "splits known ahead (the checked dispatch's), " + (
+            dist.get_backend(self.group) if self.world > 1 else "one rank: no exchange")
+        return self.cached_graph(mode, self.cached_phases(x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH))

@@ -106,10 +106,10 @@ SWITCH = Knob(choices=(0, 1))
 
 @dataclass
 class GraphPlan:
-    """A backend's graph-safe mode (timing view `graph`): calls that make no host sync, so that each can be
-    captured in a CUDA graph and replayed. `combine` is given the captured dispatch's output (low-latency
-    mode combines what that dispatch received); `between`, when set, runs (captured, untimed) between
-    the two: moebench's correctness expert on the received rows, where the combine needs it."""
+    """A backend's graph-safe mode (timing view `graph`; `chained` queues the same pairs free-running): calls that
+    make no host sync, so that each can be captured in a CUDA graph and replayed. `combine` is given the captured
+    dispatch's output (low-latency mode combines what that dispatch received); `between`, when set, runs (captured,
+    untimed) between the two: moebench's correctness expert on the received rows, where the combine needs it."""
     mode: str                                           # named in the record
     dispatch: Callable[[], Dispatched]
     combine: Callable[[Dispatched], torch.Tensor]
@@ -197,6 +197,13 @@ class Backend:
         """Timing view `graph`: the backend's graph-safe calls, or why it has none (a host sync inside, a
         gloo group, data-dependent output sizes)."""
         return self.no_graph_view
+
+    def chained_plan(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d: Dispatched, y_RH) -> GraphPlan | str:
+        """Timing view `chained`: a dispatch -> combine pair the host can queue back to back, free-running, with no
+        host sync inside (CollectiveX's chain), or why there is none. By default the graph view's calls: a call that
+        can be captured makes no host sync. A backend whose sync-free calls cannot be captured gives them here."""
+        plan = self.graph_plan(x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH)
+        return f"no dispatch -> combine pair known free of host syncs: {plan}" if isinstance(plan, str) else plan
 
     def cached_graph(self, mode: str, cached: dict) -> GraphPlan:
         """A GraphPlan of the cached calls, where those are graph-safe (the checked handle reused)."""

@@ -28,7 +28,9 @@ own tests count them (DeepEP V1/HybridEP: branch hybrid-ep), so a record can be 
                        each carries: dispatch payload + top-k ids (int64) + weights (fp32), combine 2H + weights
 The RDMA figures exist only when the run spans nodes (their tests print them only then). A node is
 gpus_per_node ranks: DeepEP's internode mode needs 8 (NUM_MAX_NVL_PEERS); HybridEP's is its NVLink
-domain, which the hybridep backend records in its knobs.
+domain, which the hybridep backend records in its knobs. The neutral harnesses' rules (CollectiveX, AWS's
+fair harness, nccl-tests, FlashInfer, ep_bench high-throughput before and since 2026-07-21) and DeepEP's and
+HybridEP's NVL rules are in peer_rules.py, one function each beside its source; upstream_bytes holds them all.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import peer_rules
 from .workload import Workload
 
 
@@ -45,6 +48,7 @@ class Traffic:
     slots_SD: torch.Tensor      # int64 [W, W]
     gpus_per_node: int
     node_pairs_S: torch.Tensor | None = None   # int64 [W]: (token, node) pairs each rank sends, own node included
+    own_node_pairs_S: torch.Tensor | None = None   # int64 [W]: those of them to the sender's own node
 
     @property
     def world(self) -> int:
@@ -88,11 +92,19 @@ def count_node_pairs(topk_idx_TK: torch.Tensor, w: Workload) -> int:
     return int(hit[:, :nodes].sum())
 
 
+def count_own_node_pairs(topk_idx_TK: torch.Tensor, w: Workload, rank: int) -> int:
+    """Tokens of `rank` with at least one expert on its own node: its (token, node) pairs that stay on the node."""
+    idx = topk_idx_TK.cpu()
+    own = (idx >= 0) & (idx // w.local_experts // w.gpus_per_node == rank // w.gpus_per_node)
+    return int(own.any(dim=1).sum())
+
+
 def traffic_of(routings: list[torch.Tensor], w: Workload) -> Traffic:
     """Traffic from every rank's topk_idx (index = source rank)."""
     rows = [count_pairs(idx, w) for idx in routings]
     nodes = torch.tensor([count_node_pairs(idx, w) for idx in routings], dtype=torch.int64)
-    return Traffic(torch.stack([p for p, _ in rows]), torch.stack([s for _, s in rows]), w.gpus_per_node, nodes)
+    own = torch.tensor([count_own_node_pairs(idx, w, r) for r, idx in enumerate(routings)], dtype=torch.int64)
+    return Traffic(torch.stack([p for p, _ in rows]), torch.stack([s for _, s in rows]), w.gpus_per_node, nodes, own)
 
 
 def phase_bytes(t: Traffic, w: Workload, phase: str, dedup: bool) -> dict[str, float]:
@@ -114,20 +126,18 @@ def phase_bytes(t: Traffic, w: Workload, phase: str, dedup: bool) -> dict[str, f
 LL_FP8_SLOT_EXTRA = 16          # bytes of metadata per low-latency fp8 message (test_low_latency's "+ 16")
 
 
-def upstream_bytes(t: Traffic, w: Workload, phase: str) -> dict[str, float]:
-    """Mean-over-ranks bytes of a phase ('dispatch' or 'combine') by DeepEP's, HybridEP's and NCCL EP's own rules
-    (module docstring); the RDMA figures only when the ranks span more than one node."""
-    H, dispatch = w.hidden, phase == "dispatch"
-    slots = t.slots_SD.sum().item() / t.world
-    pairs = t.pairs_SD.sum().item() / t.world
-    out = {"deepep_ll_bytes": slots * ((H + H // 128 * 4 + LL_FP8_SLOT_EXTRA) if dispatch else 2 * H),
-           "ncclep_ll_bytes": pairs * w.bytes_per_token if dispatch else slots * 2 * H,
-           "deepep_v2_bytes": pairs * deepep_v2_row_bytes(w, phase)}
-    if t.world > t.gpus_per_node and t.node_pairs_S is not None:
-        node_pairs = t.node_pairs_S.double().mean().item()
-        out["deepep_rdma_bytes"] = node_pairs * (w.bytes_per_token if dispatch else 2 * H)
-        out["hybridep_rdma_bytes"] = node_pairs * w.bytes_per_token
-    return out
+def deepep_ll(t: Traffic, w: Workload, phase: str) -> dict:
+    """deepep_ll_bytes (module docstring): per routed (token, k) slot, fp8 dispatch messages, bf16 combine."""
+    H = w.hidden
+    per = (H + H // 128 * 4 + LL_FP8_SLOT_EXTRA) if phase == "dispatch" else 2 * H
+    return {"deepep_ll_bytes": t.slots_SD.sum().item() / t.world * per}
+
+
+def ncclep_ll(t: Traffic, w: Workload, phase: str) -> dict:
+    """ncclep_ll_bytes (module docstring): (token, rank) messages on dispatch, valid selections x 2H on combine."""
+    if phase == "dispatch":
+        return {"ncclep_ll_bytes": t.pairs_SD.sum().item() / t.world * w.bytes_per_token}
+    return {"ncclep_ll_bytes": t.slots_SD.sum().item() / t.world * 2 * w.hidden}
 
 
 def deepep_v2_row_bytes(w: Workload, phase: str) -> int:
@@ -135,6 +145,34 @@ def deepep_v2_row_bytes(w: Workload, phase: str) -> int:
     returns per row): dispatch = payload (+ fp8 scales) + top-k ids (int64) + weights (fp32); combine = the bf16 row
     + the top-k weights its combine carries back."""
     return w.bytes_per_token + 12 * w.topk if phase == "dispatch" else 2 * w.hidden + 4 * w.topk
+
+
+def deepep_v2(t: Traffic, w: Workload, phase: str) -> dict:
+    """deepep_v2_bytes (module docstring): received (token, rank) rows x payload + top-k ids and weights."""
+    return {"deepep_v2_bytes": t.pairs_SD.sum().item() / t.world * deepep_v2_row_bytes(w, phase)}
+
+
+def deepep_hybridep_rdma(t: Traffic, w: Workload, phase: str) -> dict:
+    """deepep_rdma_bytes and hybridep_rdma_bytes (module docstring): (token, node) pairs, own node included; only
+    when the ranks span more than one node."""
+    if t.world <= t.gpus_per_node or t.node_pairs_S is None:
+        return {}
+    node_pairs = t.node_pairs_S.double().mean().item()
+    return {"deepep_rdma_bytes": node_pairs * (w.bytes_per_token if phase == "dispatch" else 2 * w.hidden),
+            "hybridep_rdma_bytes": node_pairs * w.bytes_per_token}
+
+
+UPSTREAM_RULES = (deepep_ll, ncclep_ll, deepep_v2, deepep_hybridep_rdma, *peer_rules.RULES)
+
+
+def upstream_bytes(t: Traffic, w: Workload, phase: str) -> dict[str, float]:
+    """Mean-over-ranks bytes of a phase ('dispatch' or 'combine') by every upstream and peer rule (module docstring,
+    peer_rules.py), each rule's keys beside the others'; the RDMA figures only when the ranks span more than one
+    node."""
+    out: dict[str, float] = {}
+    for rule in UPSTREAM_RULES:
+        out.update(rule(t, w, phase))
+    return out
 
 
 def bandwidth(b: dict[str, float], seconds: float) -> dict[str, float]:

@@ -85,7 +85,7 @@ class Traffic:
     nvlink_bytes: float | None = None
     net_bytes: float | None = None
     wire_bytes: float | None = None
-    upstream: dict | None = None             # DeepEP's / HybridEP's own byte rules
+    upstream: dict | None = None             # every upstream / peer byte rule (core/traffic.py, peer_rules.py)
     algbw_GBps: float | None = None
     busbw_GBps: float | None = None
     nvlink_GBps: float | None = None

@@ -64,7 +64,7 @@ def test_host_time_is_never_negative_and_says_when_it_is_within_noise():
 
 
 def test_views_are_found_in_the_package_in_order():
-    assert views.VIEWS == ("api", "cached", "kernel", "graph") and views.SAMPLED == ("api", "cached", "graph")
+    assert views.VIEWS == ("api", "cached", "kernel", "chained", "graph") and views.SAMPLED == ("api", "cached", "graph")
     assert all(m.ABOUT and m.NAME == n for n, m in views.REGISTRY.items())
 
 
@@ -81,6 +81,8 @@ def test_cpu_records_carry_every_view_in_one_shape(tmp_path):
         for name in ("api", "cached"):
             assert {"us", "max_over_ranks_us", "samples_us", "aggregation"} <= set(v[name]), v[name]
         assert "none" in v["kernel"] and "none" in v["graph"]     # CPU: no GPU kernels, no CUDA graphs
+        assert v["chained"]["us"] > 0 and len(v["chained"]["samples_us"]) == 3     # free-running pairs on gloo
+    assert recs[0]["views"]["chained"] == recs[1]["views"]["chained"]              # one round trip, both phases
 
 
 def test_comm_kernel_sum_takes_only_named_kernels():
