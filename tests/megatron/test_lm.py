@@ -13,7 +13,9 @@ import pytest
 from conftest import FAKES, FIXTURES, ROOT
 from moebench import megatron
 from moebench.harness import launch
-from moebench.megatron import ab, lm_arm, lm_args, lm_log, lm_plan, lm_verdict, loop
+from moebench.megatron import ab
+from moebench.megatron.lm import arm as lm_arm, args as lm_args, log as lm_log, plan as lm_plan, verdict as lm_verdict
+from moebench.megatron.quick import loop
 from moebench.megatron import flags as F
 
 FIX = FIXTURES

@@ -16,7 +16,7 @@ import torch
 from conftest import FAKES, ROOT, alive, children_of, wait_for
 from moebench import check, dispatch, megatron, permute, report
 from moebench.env.toolkit import installed
-from moebench.megatron import loop
+from moebench.megatron.quick import loop
 
 
 TINY = ["--device", "cpu", "--ep", "2", "--num-tokens", "8", "--hidden", "64", "--num-experts", "8", "--topk", "2",

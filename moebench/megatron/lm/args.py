@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..env.toolkit import installed
+from ...env.toolkit import installed
 
 
 class LmError(ValueError):
