@@ -10,9 +10,9 @@
 - settings.py: a setting is one dataclass field whose metadata makes its flag.
 Tools use them through this package (`cli.count()`, `cli.run(...)`).
 """
-from .edges import (EXIT_BROKEN_PIPE, EXIT_USAGE, TOOLS, Interrupted, OutputError, interrupts_at_start,  # noqa: F401
-                    run, stdout_problem, text_to_stderr, tool)
+from .edges import (EXIT_BROKEN_PIPE, EXIT_USAGE, TOOLS, Interrupted, OutputError, error,  # noqa: F401
+                    interrupts_at_start, one_line, run, stdout_problem, text_to_stderr, tool)
 from .paths import first_output_problem, held_open, output_problem, real_path, repeated_input  # noqa: F401
 from .settings import add_settings, read_settings, setting, write_settings  # noqa: F401
-from .values import (MAX_CALLS, MAX_ITERS, MAX_WAIT_S, SEED_MAX, Parser, comma_list, count, number, seconds,  # noqa: F401
-                     seed)
+from .values import (MAX_CALLS, MAX_ITERS, MAX_WAIT_S, SEED_MAX, Parser, comma_list, count, number,  # noqa: F401
+                     own_empty, seconds, seed)

@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import errno
+import io
 import os
+import re
 import signal
 import sys
 
@@ -21,6 +23,20 @@ EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE     # 141
 TOOLS = ("moebench", "moebench.dispatch", "moebench.permute", "moebench.check", "moebench.report", "moebench.plan",
          "moebench.megatron")
+
+
+_BREAKS = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
+def one_line(text) -> str:
+    """`text` with every control character written as its escape (`\\n`), so that a message naming a path that
+    holds a newline is still one line."""
+    return _BREAKS.sub(lambda m: m.group().encode("unicode_escape").decode(), str(text))
+
+
+def error(prog: str, message) -> None:
+    """The one line of a tool's error on stderr: `prog: error: message`."""
+    print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
 
 
 class OutputError(Exception):
@@ -109,6 +125,8 @@ def stdout_problem() -> str:
         return "stdout is closed (>&-): give it somewhere to go (>/dev/null drops it; records still go to files)"
     try:
         os.write(sys.stdout.fileno(), b"")       # writes nothing, fails as a write would: /dev/full, a bad fd
+    except io.UnsupportedOperation:              # a stream without a descriptor (a test's capture)
+        pass
     except OSError as e:
         if e.errno != errno.EPIPE:
             return f"stdout cannot be written ({e.strerror}): send it somewhere that takes it (>/dev/null drops it)"
@@ -126,7 +144,7 @@ def run(main, prog: str, argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     bad = stdout_problem()
     if bad:
-        print(f"{prog}: error: {bad}", file=sys.stderr)
+        error(prog, bad)
         return EXIT_USAGE
     out = sys.stdout = _Stdout(sys.stdout)
     try:
@@ -136,16 +154,15 @@ def run(main, prog: str, argv: list[str] | None = None) -> int:
             signal.signal(stop, signal.SIG_IGN)
         signum = getattr(e, "signum", signal.SIGINT)
         detail = getattr(e, "detail", "")
-        print(f"{prog}: interrupted by {signal.Signals(signum).name}" + (f"; {detail}" if detail else ""),
+        print(f"{prog}: interrupted by {signal.Signals(signum).name}" + (f"; {one_line(detail)}" if detail else ""),
               file=sys.stderr)
         return 128 + signum
     except OutputError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        error(prog, e)
         return 1
     out.flush()
     if out.failed:
-        print(f"{prog}: error: stdout failed ({out.failed}): the output after that was dropped, not the work",
-              file=sys.stderr)
+        error(prog, f"stdout failed ({out.failed}): the output after that was dropped, not the work")
         return rc or 1
     return EXIT_BROKEN_PIPE if out.broken else rc
 

@@ -68,6 +68,8 @@ def output_problem(path: str | None, flag: str, folder: bool = False) -> str:
         return ""
     if not path.strip():
         return f"{flag}: empty path"
+    if not folder and path.endswith(("/", os.sep)):
+        return f"{flag} {path}: names a folder (it ends in /): give a file name"
     try:
         why = _path_problem(real_path(path), folder)
     except OSError as e:              # a name too long, a full device, no permission, a loop of links

@@ -7,19 +7,47 @@ import math
 import re
 import sys
 
-from .edges import EXIT_USAGE
+from .edges import EXIT_USAGE, error
 
 SEED_MAX = 2**63 - 1                         # torch.Generator.manual_seed takes int64
 MAX_WAIT_S = 1e9       # ~31 years: every clock a wait goes through holds it (Python's in int64 ns: ~292 years)
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: `prog: error: message` on stderr, exit 2, no usage dump."""
+    """argparse with one-line errors: `prog: error: message` on stderr, exit 2, no usage dump; a value that is
+    an empty string (`--sweep ''`, an unset shell variable) names nothing and is refused, whatever the flag:
+    read as false, it would run something else than the user asked for without a word."""
 
     def error(self, message):
         message = re.sub(r"^argument ([^:]+): ", r"\1 ", message)     # "--iters must be >= 1, got 0"
-        print(f"{self.prog.removeprefix('python -m ')}: error: {message}", file=sys.stderr)
+        error(self.prog.removeprefix("python -m "), message)
         raise SystemExit(EXIT_USAGE)
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        for a in _actions(self):
+            v = getattr(ns, a.dest, None)
+            if (v == "" or (isinstance(v, list) and "" in v)) and v != a.default and not getattr(a, "own_empty", False):
+                self.error(f"{a.option_strings[0] if a.option_strings else a.metavar or a.dest} is empty: give it a value"
+                           + (", or leave it out" if a.option_strings else ""))
+        return ns, rest
+
+
+def own_empty(action: argparse.Action) -> argparse.Action:
+    """Mark a flag whose tool refuses an empty value itself, in its own words (a comma list that "names no
+    op"): the parser leaves it to the tool."""
+    action.own_empty = True
+    return action
+
+
+def _actions(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The parser's actions and those of its subcommands' parsers."""
+    out = []
+    for a in p._actions:
+        out.append(a)
+        if isinstance(a, argparse._SubParsersAction):
+            out += [b for sub in dict.fromkeys(a.choices.values()) for b in _actions(sub)]
+    return out
 
 
 MAX_ITERS = 100_000              # timed iterations: every sample lands in the record

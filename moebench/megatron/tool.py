@@ -26,6 +26,7 @@ import sys
 from .. import cli
 from ..core.megatron_map import BACKENDS, CONTROL
 from ..env import launcher
+from ..env.limits import open_files_problem
 from ..env.toolkit import dist_version
 from ..harness.views import SAMPLED as SAMPLED_VIEWS
 from ..records.reader import RecordError, read_dispatch
@@ -213,6 +214,7 @@ def cmd_validate(args, argv) -> int:
     if bad_out:
         raise F.FlagsError(bad_out)
     cli.text_to_stderr(args.out)
+    args.checkout_from = lm_plan.checkout_source(args.megatron_lm)
     found = None if args.quick else lm_plan.find_checkout(args.megatron_lm)
     cands = candidates(args)
     if found is None:
@@ -238,6 +240,7 @@ def cmd_validate(args, argv) -> int:
 def cmd_arm(args, argv) -> int:
     from .lm import commands, plan as lm_plan
     output_to(args.out)
+    args.checkout_from = lm_plan.checkout_source(args.megatron_lm)
     args.dispatcher, args.megatron_lm = args.dispatcher[0], lm_plan.find_checkout(args.megatron_lm)
     if not args.megatron_lm:
         raise LmError("no Megatron-LM checkout: --megatron-lm PATH (or $MEGATRON_LM)")
@@ -267,10 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     try:
-        bad_launch = launcher.problem() if args.cmd in ("validate", "arm") else ""     # they start ranks
+        bad_launch = ((launcher.problem() or open_files_problem(args.ep or 2))      # they start ranks
+                      if args.cmd in ("validate", "arm") else "")
         if bad_launch:
             raise LmError(bad_launch)
         return VERBS[args.cmd](args, argv)
     except (F.FlagsError, LmError, RecordError) as e:
-        print(f"moebench.megatron {args.cmd}: error: {e}", file=sys.stderr)
+        cli.error(f"moebench.megatron {args.cmd}", e)
         return 2

@@ -335,6 +335,63 @@ def test_sweep_max_cases_zero_is_refused(tmp_path, capsys):
                                   "--out", str(tmp_path / "r.jsonl")]), capsys, "--max-cases")
 
 
+def test_the_parser_refuses_an_empty_value_of_any_option_and_argument(capsys):
+    """`--sweep ''` ran the default case and exited 0: an empty value read as "not given" (issue 50). Every
+    option, a subcommand's options and the positional arguments refuse it, except a flag whose tool refuses it
+    in its own words (cli.own_empty)."""
+    from moebench import cli
+    p = cli.Parser(prog="python -m t")
+    p.add_argument("--name")
+    p.add_argument("--blank", default="")
+    cli.own_empty(p.add_argument("--list"))
+    sub = p.add_subparsers(dest="cmd")
+    s = sub.add_parser("go")
+    s.add_argument("files", nargs="+")
+    assert p.parse_args(["--blank", "", "--list", ""]).list == ""
+    for argv, what in ((["--name", ""], "t: error: --name is empty: give it a value, or leave it out"),
+                       (["go", "a", ""], "t go: error: files is empty: give it a value")):
+        with pytest.raises(SystemExit) as e:
+            p.parse_args(argv)
+        assert e.value.code == 2 and capsys.readouterr().err == what + "\n"
+
+
+def test_an_empty_file_or_name_is_refused_by_every_tool(run_tool, tmp_path):
+    out = str(tmp_path / "r.jsonl")
+    for prog, argv, flag in (
+            ("moebench.dispatch", ["--sweep", "", "--device", "cpu", "--out", out], "--sweep"),
+            ("moebench.report", [out, "--plot", ""], "--plot"),
+            ("moebench.permute", ["--ops-impl", "torch", "--plot", ""], "--plot"),
+            ("moebench.plan", ["--ep", "8", "--results", ""], "--results"),
+            ("moebench.check", ["-t", "baseline", "--baseline", ""], "--baseline"),
+            ("moebench.megatron validate", ["validate", "--megatron-lm", "", "--dispatcher", "deepep"],
+             "--megatron-lm"),
+            ("moebench.megatron compare", ["compare", ""], "files")):
+        p = run_tool(prog.split()[0], *argv)
+        assert p.returncode == 2 and p.stdout == ""
+        assert p.stderr.splitlines() == [f"{prog}: error: {flag} is empty: give it a value"
+                                         + (", or leave it out" if flag[0] == "-" else "")]
+    assert not os.path.exists(out)
+
+
+def test_an_error_naming_a_path_with_a_newline_is_one_line(run_tool, tmp_path):
+    from moebench import cli
+    odd = tmp_path / "new\nline"
+    p = run_tool("moebench.report", str(odd / "r.jsonl"))
+    assert p.returncode == 2 and p.stderr.splitlines() == [f"moebench.report: error: {tmp_path}/new\\nline/r.jsonl: "
+                                                           "no such file"]
+    assert cli.one_line("a\tb\x00c\u2028d\x1b[31me") == "a\\tb\\x00c\\u2028d\\x1b[31me"
+    assert cli.one_line("caf\u00e9 \u65e5\u672c") == "caf\u00e9 \u65e5\u672c"          # text stays text
+
+
+def test_an_output_path_ending_in_a_slash_names_a_folder(tmp_path, capsys):
+    """`--out results/` wrote a file named `results` (the slash dropped on the way)."""
+    out = str(tmp_path / "results") + "/"
+    assert dispatch.main([*TINY, "--backend", "alltoall", "--out", out]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"moebench.dispatch: error: --out {out}: names a folder (it "
+                                                    "ends in /): give a file name"]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bad_trace_files_are_one_line(tmp_path, capsys):
     import torch
     junk = tmp_path / "junk.pt"

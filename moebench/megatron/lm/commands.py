@@ -199,13 +199,14 @@ def cmd_compare(args) -> int:
     twice = cli.repeated_input(args.files)
     if twice:
         raise LmError(twice)
-    recs = []
+    recs, held = [], []
     for path in args.files:
-        recs += [{**r, "_file": path} for r in reader.read_objects(path, "moebench.megatron compare")
-                 if r.get("schema") == ARM_SCHEMA]
+        objs = reader.read_objects(path, "moebench.megatron compare", verdict=True)
+        recs += [{**r, "_file": path} for r in objs if r.get("schema") == ARM_SCHEMA]
+        held += objs
     if not recs:
-        raise LmError(f"no Megatron-LM arm records in {', '.join(args.files)} (write them with `megatron arm` or "
-                      "`megatron validate`)")
+        raise LmError(f"no Megatron-LM arm records in {', '.join(args.files)} (it holds {reader.holdings(held)}; "
+                      "write them with `megatron arm` or `megatron validate`)")
     vet(recs)
     twice = repeated_arm(recs)
     if twice:

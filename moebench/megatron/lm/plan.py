@@ -25,6 +25,11 @@ from .args import (NO_TE_FLAGS, PRESETS, SHARED_GPU_FLAGS, Checkout, LmError, fl
 DEFAULT_PATHS = ("/opt/megatron-lm",)
 
 
+def checkout_source(path: str | None) -> str:
+    """Where find_checkout(path) took the checkout from, as an error names it."""
+    return "--megatron-lm" if path or not os.environ.get("MEGATRON_LM") else "$MEGATRON_LM"
+
+
 def find_checkout(path: str | None) -> str | None:
     """--megatron-lm PATH, else $MEGATRON_LM, else a container's /opt/megatron-lm; None when none is at hand."""
     if path:
@@ -130,7 +135,8 @@ def plan(opts, dispatchers: list[str], joined=None) -> Plan:
     """opts: the parsed validate/arm options (megatron_lm, preset, megatron_args, iters, seed, device, ep,
     ranks_per_gpu, num_sms, overlap, ranks_per_nvlink_domain)."""
     installed_core = dist_version("megatron-core", "megatron_core")
-    ck = inspect_checkout(opts.megatron_lm, installed_core, os.environ.get("MEGATRON_LM_COMMIT"))
+    ck = inspect_checkout(opts.megatron_lm, installed_core, os.environ.get("MEGATRON_LM_COMMIT"),
+                          getattr(opts, "checkout_from", "--megatron-lm"))
     launch = make_launch(opts.device, opts.ep, opts.ranks_per_gpu, joined)
     version = ck.core_used or installed_core or "0.19.0"
     extra = user_args(opts.megatron_args)
