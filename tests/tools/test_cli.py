@@ -1,7 +1,9 @@
-"""The tools as a user drives them, as subprocesses: bad input of every class is one line on stderr and exit 2
-before any work; an interrupt keeps what finished, says what did not run and leaves no process behind; a
-closed stdout drops the output, not the work; first contact (`python -m moebench` lists the tools, the
-default output is documented, README's examples say which need GPUs)."""
+"""The tools as a user drives them: bad input of every class is one line on stderr and exit 2 before any work;
+an interrupt keeps what finished, says what did not run and leaves no process behind; a closed stdout drops
+the output, not the work; first contact (`python -m moebench` lists the tools, the default output is
+documented, README's examples say which need GPUs). What happens at the process's edges (signals, a closed
+stdout, `python -m` itself) runs as subprocesses; the bad values, paths and files run each tool's main through
+cli.run in this process (`run_tool`: the same code `python -m` runs, without starting torch again per case)."""
 from pathlib import Path
 import json
 import os
@@ -44,8 +46,7 @@ def one_line_exit2(p, *words):
 def good(tmp_path_factory) -> Path:
     """A real (CPU, functional) dispatch JSONL."""
     out = tmp_path_factory.mktemp("good") / "good.jsonl"
-    p = tool("moebench.dispatch", *TINY, "--backend", "alltoall", "--out", str(out))
-    assert p.returncode == 0, p.stderr[-2000:]
+    assert dispatch.main([*TINY, "--backend", "alltoall", "--out", str(out)]) == 0
     return out
 
 
@@ -78,13 +79,12 @@ VALUES = [
 
 
 @pytest.mark.parametrize("argv, flag", VALUES, ids=[f"{a[0].split('.')[-1]}{flag}" for a, flag in VALUES])
-@pytest.mark.slow
-def test_out_of_range_values_are_one_line_exit_2(argv, flag):
-    one_line_exit2(tool(*argv), flag)
+def test_out_of_range_values_are_one_line_exit_2(run_tool, argv, flag):
+    one_line_exit2(run_tool(*argv), flag)
 
 
-def test_a_version_outside_the_checked_range_gets_a_note():
-    p = tool("moebench.megatron", "flags", "--backend", "hybridep", "--megatron-core-version", "9.9.9")
+def test_a_version_outside_the_checked_range_gets_a_note(run_tool):
+    p = run_tool("moebench.megatron", "flags", "--backend", "hybridep", "--megatron-core-version", "9.9.9")
     assert p.returncode == 0 and "outside the checked range" in p.stdout and "0.16.1 and 0.19.2" in p.stdout
 
 
@@ -109,30 +109,28 @@ OUTPUTS = [
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
-def test_unwritable_folder_is_refused(tmp_path):
-    one_line_exit2(tool("moebench.dispatch", *TINY, "--out", bad_outputs(tmp_path)["unwritable"]), "--out")
+def test_unwritable_folder_is_refused(run_tool, tmp_path):
+    one_line_exit2(run_tool("moebench.dispatch", *TINY, "--out", bad_outputs(tmp_path)["unwritable"]), "--out")
 
 
 @pytest.mark.parametrize("argv, flag", OUTPUTS, ids=[f"{a[0].split('.')[-1]}{f}" for a, f in OUTPUTS])
 @pytest.mark.parametrize("kind", ["empty", "directory", "under a file"])
-@pytest.mark.slow
-def test_bad_output_paths_are_refused_before_any_work(tmp_path, argv, flag, kind):
+def test_bad_output_paths_are_refused_before_any_work(run_tool, tmp_path, argv, flag, kind):
     path = bad_outputs(tmp_path)[kind]
     before = sorted(tmp_path.rglob("*"))
-    one_line_exit2(tool(*argv, flag, path), flag)
+    one_line_exit2(run_tool(*argv, flag, path), flag)
     assert sorted(tmp_path.rglob("*")) == before          # nothing written anywhere
 
 
-def test_trace_output_must_be_a_folder(tmp_path):
+def test_trace_output_must_be_a_folder(run_tool, tmp_path):
     f = tmp_path / "a-file"
     f.write_text("x")
-    one_line_exit2(tool("moebench.permute", "--ops-impl", "torch", "--trace", str(f)), "--trace", "not a directory")
+    one_line_exit2(run_tool("moebench.permute", "--ops-impl", "torch", "--trace", str(f)), "--trace", "not a directory")
 
 
-@pytest.mark.slow
-def test_missing_output_folders_are_made(tmp_path):
+def test_missing_output_folders_are_made(run_tool, tmp_path):
     out = tmp_path / "new" / "deeper" / "r.jsonl"
-    p = tool("moebench.dispatch", *TINY, "--backend", "alltoall", "--out", str(out))
+    p = run_tool("moebench.dispatch", *TINY, "--backend", "alltoall", "--out", str(out))
     assert p.returncode == 0 and len(out.read_text().splitlines()) == 2
 
 
@@ -145,24 +143,23 @@ def inputs(tmp_path: Path) -> dict:
 
 
 @pytest.mark.parametrize("kind", ["empty", "garbage", "other", "folder"])
-@pytest.mark.slow
-def test_offline_inputs_without_a_usable_record_are_errors_that_say_why(tmp_path, good, kind):
+def test_offline_inputs_without_a_usable_record_are_errors_that_say_why(run_tool, tmp_path, good, kind):
     f = inputs(tmp_path)[kind]
     why = {"empty": "empty", "garbage": "no", "other": "not moebench.dispatch", "folder": "directory"}[kind]
-    one_line_exit2(tool("moebench.report", f), f, why)
-    one_line_exit2(tool("moebench.plan", "--ep", "8", "--results", f), "--results", why)
-    one_line_exit2(tool("moebench.megatron", "flags", "--megatron-core-version", "0.19.2", "--results", f), "--results")
-    one_line_exit2(tool("moebench.check", "-t", "env", "--baseline", f), f)
-    one_line_exit2(tool("moebench.report", "--compare", str(good), f), f)
+    one_line_exit2(run_tool("moebench.report", f), f, why)
+    one_line_exit2(run_tool("moebench.plan", "--ep", "8", "--results", f), "--results", why)
+    one_line_exit2(run_tool("moebench.megatron", "flags", "--megatron-core-version", "0.19.2", "--results", f),
+                   "--results")
+    one_line_exit2(run_tool("moebench.check", "-t", "env", "--baseline", f), f)
+    one_line_exit2(run_tool("moebench.report", "--compare", str(good), f), f)
 
 
-def test_a_cpu_result_is_no_plan_input(good):
-    one_line_exit2(tool("moebench.plan", "--ep", "8", "--results", str(good)), "functional only")
+def test_a_cpu_result_is_no_plan_input(run_tool, good):
+    one_line_exit2(run_tool("moebench.plan", "--ep", "8", "--results", str(good)), "functional only")
 
 
 # ---------------------------------------------------------------- trace files
-@pytest.mark.slow
-def test_bad_trace_files_say_what_is_expected_and_what_was_found(tmp_path):
+def test_bad_trace_files_say_what_is_expected_and_what_was_found(run_tool, tmp_path):
     import numpy as np
     cases = {"empty.pt": b"", "json.pt": b'{"topk_idx": [[0, 1]]}', "junk.pt": bytes(range(200, 256)) * 3}
     for name, data in cases.items():
@@ -171,7 +168,7 @@ def test_bad_trace_files_say_what_is_expected_and_what_was_found(tmp_path):
     found = {"empty.pt": "an empty file", "json.pt": "JSON", "junk.pt": "neither a zip nor a pickle",
              "none.npz": "no arrays"}
     for name, what in found.items():
-        msg = one_line_exit2(tool("moebench.dispatch", *TINY, "--routing", f"trace:{tmp_path / name}"), name)
+        msg = one_line_exit2(run_tool("moebench.dispatch", *TINY, "--routing", f"trace:{tmp_path / name}"), name)
         assert "expected a .pt file" in msg and "[N, K] or [W, T, K]" in msg and what in msg.split("; found ", 1)[1]
 
 
