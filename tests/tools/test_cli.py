@@ -293,6 +293,21 @@ def test_unwritable_outputs_are_refused_before_any_work(tmp_path, capsys, monkey
     one_line_exit2_in_process(megatron.main(["validate", "--dispatcher", "alltoall", "--out", bad]), capsys, "--out")
 
 
+def test_ranks_checking_one_output_at_once_both_find_it_writable(tmp_path, monkeypatch):
+    """Under torchrun every rank checks --out: the file one rank's check made was removed by another's before
+    its own removal, and `megatron arm` said "cannot write there (No such file or directory)"."""
+    from moebench import cli
+    out = tmp_path / "arms.jsonl"
+    write = os.write
+
+    def other_rank_done(fd, data):          # the other rank's check removes the file made for this one
+        n = write(fd, data)
+        out.unlink()
+        return n
+    monkeypatch.setattr(os, "write", other_rank_done)
+    assert cli.output_problem(str(out), "--out") == "" and not out.exists()
+
+
 def test_writable_output_check_leaves_no_file_and_keeps_contents(tmp_path):
     from moebench.cli import output_problem
     new = tmp_path / "sub" / "deeper" / "r.jsonl"
