@@ -23,8 +23,6 @@ EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE     # 141
 TOOLS = ("moebench", "moebench.dispatch", "moebench.permute", "moebench.check", "moebench.report", "moebench.plan",
          "moebench.megatron")
-
-
 _BREAKS = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
 
 
@@ -125,13 +123,11 @@ def stdout_problem() -> str:
         return "stdout is closed (>&-): give it somewhere to go (>/dev/null drops it; records still go to files)"
     try:
         os.write(sys.stdout.fileno(), b"")       # writes nothing, fails as a write would: /dev/full, a bad fd
-    except io.UnsupportedOperation:              # a stream without a descriptor (a test's capture)
+    except (io.UnsupportedOperation, AttributeError, ValueError):    # a stream without a descriptor (a capture)
         pass
     except OSError as e:
         if e.errno != errno.EPIPE:
             return f"stdout cannot be written ({e.strerror}): send it somewhere that takes it (>/dev/null drops it)"
-    except (AttributeError, ValueError):         # a stream without a descriptor (a test's capture)
-        pass
     return ""
 
 

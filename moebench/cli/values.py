@@ -28,8 +28,8 @@ class Parser(argparse.ArgumentParser):
         for a in _actions(self):
             v = getattr(ns, a.dest, None)
             if (v == "" or (isinstance(v, list) and "" in v)) and v != a.default and not getattr(a, "own_empty", False):
-                self.error(f"{a.option_strings[0] if a.option_strings else a.metavar or a.dest} is empty: give it a value"
-                           + (", or leave it out" if a.option_strings else ""))
+                name = a.option_strings[0] if a.option_strings else a.metavar or a.dest
+                self.error(f"{name} is empty: give it a value" + (", or leave it out" if a.option_strings else ""))
         return ns, rest
 
 

@@ -348,7 +348,8 @@ def test_no_tool_judges_what_is_left_of_a_damaged_a_b(run_tool, tmp_path):
     good = write(tmp_path, *lines, name="a.jsonl")
     damaged = write(tmp_path, *lines[:2], b'"a string"', *lines[2:], b"{cut", name="b.jsonl")
     why = f"{damaged}:3: 'a string', not a record object; refused: "
-    for prog, argv in (("moebench.megatron flags", ["flags", "--results", damaged, "--megatron-core-version", "0.19.2"]),
+    flags = ["flags", "--results", damaged, "--megatron-core-version", "0.19.2"]
+    for prog, argv in (("moebench.megatron flags", flags),
                        ("moebench.report", ["--compare", good, damaged]),
                        ("moebench.plan", ["--ep", "8", "--results", damaged]),
                        ("moebench.check", ["-t", "baseline", "--baseline", damaged])):
