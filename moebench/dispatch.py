@@ -11,6 +11,7 @@ import sys
 from . import cli
 from .core.workload import WorkloadError
 from .env import launcher
+from .env.limits import open_files_problem
 from .harness import spec, sweep
 from .harness.launch import is_lead, join_problem
 from .harness.runner import run_case
@@ -32,7 +33,8 @@ def parser() -> argparse.ArgumentParser:
 @cli.tool
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    bad_out = sweep.modifier_problem(args) or cli.output_problem(args.out, "--out") or launcher.problem()
+    bad_out = (sweep.modifier_problem(args) or cli.output_problem(args.out, "--out") or launcher.problem()
+               or open_files_problem(args.ep))        # a sweep's every case alike: one line, not one per case
     if bad_out:
         cli.error("moebench.dispatch", bad_out)
         return 2

@@ -141,7 +141,8 @@ def test_too_few_file_descriptors_are_one_line_before_any_rank_starts(tmp_path):
     runs = [shell(f"ulimit -n 20; {py} moebench.dispatch {' '.join(TINY)} --backend alltoall --out {out}"),
             shell(f"ulimit -n 20; {py} moebench.megatron validate --quick --dispatcher alltoall --device cpu --ep 2 "
                   f"--out {out}"),
-            shell(f"ulimit -n 20; {py} moebench.check -t env")]
+            shell(f"ulimit -n 20; {py} moebench.check -t env"),
+            shell(f"ulimit -n 20; {py} moebench.dispatch --sweep dsv3 {' '.join(TINY[:4])} --out {out}")]
     for p in runs:
         refused(p, "the open-file limit (ulimit -n) is 20: 2 ranks need about 40", "ulimit -n 1024")
     assert not out.exists()
