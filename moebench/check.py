@@ -18,6 +18,7 @@ from . import checks, cli
 from .checks import baseline, output
 from .checks.registry import FAIL, REGISTRY, Context, SelectionError
 from .env import launcher
+from .env.limits import open_files_problem
 from .harness.spec import add_shape_args
 from .records import provenance, tables
 from .records.reader import RecordError
@@ -66,7 +67,8 @@ def _size_problem(args) -> str:
 
 
 def _validate(args) -> None:
-    bad_out = cli.first_output_problem([(args.out, "--out"), (args.junit, "--junit")]) or launcher.problem()
+    bad_out = (cli.first_output_problem([(args.out, "--out"), (args.junit, "--junit")]) or launcher.problem()
+               or open_files_problem(2))     # the round trips' ranks
     if bad_out or (bad_out := _size_problem(args)):
         raise SelectionError(bad_out)
     if args.results and not args.baseline:
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         _validate(args)
         chosen = checks.select(args.test, args.prefix)
     except SelectionError as e:
-        print(f"moebench.check: error: {e}", file=sys.stderr)
+        cli.error("moebench.check", e)
         return 2
     cli.text_to_stderr(args.out, args.junit)
     start = provenance.utc_now()

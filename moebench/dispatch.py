@@ -11,6 +11,7 @@ import sys
 from . import cli
 from .core.workload import WorkloadError
 from .env import launcher
+from .env.limits import open_files_problem
 from .harness import spec, sweep
 from .harness.launch import is_lead, join_problem
 from .harness.runner import run_case
@@ -32,9 +33,10 @@ def parser() -> argparse.ArgumentParser:
 @cli.tool
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    bad_out = sweep.modifier_problem(args) or cli.output_problem(args.out, "--out") or launcher.problem()
+    bad_out = (sweep.modifier_problem(args) or cli.output_problem(args.out, "--out") or launcher.problem()
+               or open_files_problem(args.ep))        # a sweep's every case alike: one line, not one per case
     if bad_out:
-        print(f"moebench.dispatch: error: {bad_out}", file=sys.stderr)
+        cli.error("moebench.dispatch", bad_out)
         return 2
     cli.text_to_stderr(args.out)         # --out /dev/stdout | jq: the pipe carries the records alone
     if args.sweep:
@@ -42,10 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run = RunSpec.from_args(args).check()
     except WorkloadError as e:
-        print(f"moebench.dispatch: error: {e}", file=sys.stderr)
+        cli.error("moebench.dispatch", e)
         return 2
     if not_joined := join_problem(run.timeout_s):
-        print(f"moebench.dispatch: error: {not_joined}", file=sys.stderr)
+        cli.error("moebench.dispatch", not_joined)
         return 2
     lead = is_lead()
     say = print if lead else (lambda *a, **k: None)          # rank 0 of a job reports and writes

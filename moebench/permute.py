@@ -61,12 +61,13 @@ def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
 
 def parse_args(argv):
     p = cli.Parser(prog="python -m moebench.permute", description=__doc__.split("\n")[0])
-    p.add_argument("--shapes", default=None, help=f"TxHxKxE,... (default {DEFAULT_SHAPES}; CPU {CPU_SHAPES})")
-    p.add_argument("--ops-impl", dest="impl", default=None,
+    own = cli.own_empty           # comma lists: an empty one "names no shape" (names_list)
+    own(p.add_argument("--shapes", default=None, help=f"TxHxKxE,... (default {DEFAULT_SHAPES}; CPU {CPU_SHAPES})"))
+    own(p.add_argument("--ops-impl", dest="impl", default=None,
                    help="comma list of " + ", ".join(IMPLS) + " (cuda@V, triton@BH:WARPS:... for variants; default all, "
-                   "those that cannot run here WAIVED; one named that this machine cannot run is refused)")
-    p.add_argument("--impl", dest="impl", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old name
-    p.add_argument("--ops", default=",".join(OPS), help="comma list of " + ", ".join(OPS))
+                   "those that cannot run here WAIVED; one named that this machine cannot run is refused)"))
+    own(p.add_argument("--impl", dest="impl", default=argparse.SUPPRESS, help=argparse.SUPPRESS))  # old name
+    own(p.add_argument("--ops", default=",".join(OPS), help="comma list of " + ", ".join(OPS)))
     p.add_argument("--iters", type=cli.count(high=cli.MAX_ITERS), default=50)
     p.add_argument("--warmup-ms", type=cli.number(0, high=cli.MAX_WAIT_S * 1e3), help="warm-up budget per timed row (default 200; CPU 0)")
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="permute payload")
@@ -325,11 +326,11 @@ def main(argv=None) -> int:
             if too_big:
                 raise UsageError(f"--shapes {T}x{H}x{K}x{E}: {too_big}")
         bad = (cli.first_output_problem([(a.out, "--out"), (a.plot, "--plot"), (a.trace, "--trace", True)])
-               or variant_problem(a) or cannot_run(a))
+               or plots.plot_problem(a.plot, "--plot") or ops.env_problem() or variant_problem(a) or cannot_run(a))
         if bad:
             raise UsageError(bad)
     except (UsageError, WorkloadError) as e:
-        print(f"moebench.permute: {e}", file=sys.stderr)
+        cli.error("moebench.permute", e)
         return 2
     cli.text_to_stderr(a.out)
     if device.type == "cpu":
@@ -359,7 +360,9 @@ def main(argv=None) -> int:
     print(tables.format_permute(recs))
     if a.out:
         print(f"# {len(recs)} records appended to {a.out} as each shape finished")
-    if a.plot:
+    if a.plot and not any("timing" in r for r in recs):
+        print(f"# no plot written to {a.plot}: no row was timed")
+    elif a.plot:
         plots.plot_permute(recs, copy_GBps, a.plot)
         print(f"# plot written to {a.plot}")
     return 1 if any(r["check"]["status"] == "FAIL" for r in recs) else 0

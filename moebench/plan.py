@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         net = a.net_gbps if a.net_gbps is not None else ceilings.NIC_NOMINAL_GBPS
         p = plan(w, lay, nvl, net, records, a.sample_budget, a.gpu, a.gpu_memory_gib)
     except WorkloadError as e:
-        print(f"moebench.plan: error: {e}", file=sys.stderr)
+        cli.error("moebench.plan", e)
         return 2
     print(json.dumps(p, indent=1) if a.json else format_text(p))
     return 0

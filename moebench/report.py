@@ -35,7 +35,7 @@ import numpy as np
 from . import cli
 from .core.workload import describe
 from .records import knobs, peers, schema
-from .records.plots import METRICS, PlotError, plot_bandwidth, plot_overlap
+from .records.plots import METRICS, PlotError, plot_bandwidth, plot_overlap, plot_problem
 from .harness.views import SAMPLED as SAMPLED_VIEWS
 from .records.reader import read_dispatch
 from .records.schema import PHASES
@@ -262,7 +262,8 @@ def _compare_inputs(args) -> tuple[list[dict], list[dict], str, str, bool]:
 
 
 def run(args) -> int:
-    bad_out = cli.first_output_problem([(args.plot, "--plot"), (args.overlap_plot, "--overlap-plot")])
+    bad_out = (cli.first_output_problem([(args.plot, "--plot"), (args.overlap_plot, "--overlap-plot")])
+               or plot_problem(args.plot, "--plot") or plot_problem(args.overlap_plot, "--overlap-plot"))
     if bad := bad_out or cli.repeated_input(args.files):
         raise ReportError(bad)
     if args.as_peer and (args.compare or args.best_knobs):
@@ -317,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except (ReportError, OSError, ValueError) as e:
-        print(f"moebench.report: error: {e}", file=sys.stderr)
+        cli.error("moebench.report", e)
         return 2
 
 

@@ -5,10 +5,15 @@ tests that launch many processes or run the Triton interpreter at length (`-m "n
 tests/ mirrors moebench/ by concern (core, env, ops, backends, harness, records, checks, megatron, tools).
 
 Shared here, never imported from another test file: paths (ROOT, FAKES), the environment that puts the
-fake deep_ep first (`fake_env`), process-tree helpers for the tests that signal a tool, a Triton launch
-spy, and fake backends registered by their "conftest:Class" path (rank processes import them by it).
+fake deep_ep first (`fake_env`), a tool run in this process (`run_tool`), process-tree helpers for the tests
+that signal a tool, a Triton launch spy, and fake backends registered by their "conftest:Class" path (rank
+processes import them by it).
 """
+import importlib
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from moebench import cli
 from moebench.backends import base
 from moebench.backends.alltoall import AlltoallBackend
 
@@ -76,6 +82,26 @@ def wait_for(cond, timeout_s: float):
             return got
         time.sleep(0.2)
     return cond()
+
+
+# ---- a tool in this process ---------------------------------------------------------------------------
+@pytest.fixture
+def run_tool(capsys):
+    """run_tool(MODULE, *argv): the tool as `python -m MODULE argv` runs it, its main through cli.run (the same
+    edges: one-line errors, exit codes), in this process, which spares the start of a Python with torch (~2 s
+    on 2 cores) where no process-level behaviour is under test. Returns CompletedProcess(argv, returncode,
+    stdout, stderr); the SIGTERM handler and the stdout wrapper cli.run installs are undone after."""
+    def run(module: str, *argv: str) -> subprocess.CompletedProcess:
+        main = importlib.import_module(module).main
+        handler, stdout = signal.getsignal(signal.SIGTERM), sys.stdout
+        try:
+            rc = cli.run(main, module, list(argv))
+        finally:
+            signal.signal(signal.SIGTERM, handler)
+            sys.stdout = stdout
+        cap = capsys.readouterr()
+        return subprocess.CompletedProcess([module, *argv], rc, cap.out, cap.err)
+    return run
 
 
 # ---- Triton ------------------------------------------------------------------------------------------

@@ -126,7 +126,7 @@ def cuda_home() -> str:
 
 
 def deepep_flex_setup(world: int, hidden: int, ranks_per_gpu: int) -> list[str]:
-    """Before Megatron builds its deep_ep.Buffer (mcore-deepep, megatron/train.py, megatron validate's ranks):
+    """Before Megatron builds its deep_ep.Buffer (mcore-deepep, megatron/quick/train.py, megatron validate's ranks):
     Unavailable with the reason for a DeepEP build Megatron cannot size a buffer with; with ranks sharing a GPU, DeepEP's NVML
     NVLink check (which cannot answer for a GPU and itself) is bypassed. Returns what was bypassed."""
     from ..env.deepep import rdma_size_problem

@@ -44,7 +44,8 @@ def _special_problem(p: Path, st: os.stat_result) -> str:
 
 
 def _file_problem(p: Path) -> str:
-    """Append a write of nothing to a regular file (made if missing, then removed again); a full file system."""
+    """Append a write of nothing to a regular file (made if missing, then removed again); a full file system.
+    The ranks of a torchrun job check one --out at once: another rank may remove the file made here first."""
     existed = p.exists()
     fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     try:
@@ -53,7 +54,7 @@ def _file_problem(p: Path) -> str:
     finally:
         os.close(fd)
         if not existed:
-            p.unlink()
+            p.unlink(missing_ok=True)
     if (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail) == 0:
         return "no space left on its device"
     return ""
@@ -68,6 +69,8 @@ def output_problem(path: str | None, flag: str, folder: bool = False) -> str:
         return ""
     if not path.strip():
         return f"{flag}: empty path"
+    if not folder and path.endswith(("/", os.sep)):
+        return f"{flag} {path}: names a folder (it ends in /): give a file name"
     try:
         why = _path_problem(real_path(path), folder)
     except OSError as e:              # a name too long, a full device, no permission, a loop of links

@@ -3,7 +3,7 @@
 Backend names are Megatron's own values (`--moe-token-dispatcher-type alltoall`, or `flex` with
 `--moe-flex-dispatcher-backend NAME`), and `mcore-NAME` is the same dispatcher run through
 Megatron-Core's own classes. megatron/flags.py (A/B families, flags), megatron/tool.py (validate choices),
-megatron/train.py (which classes must have run), backends/mcore.py (config, import gate) and
+megatron/quick/train.py (which classes must have run), backends/mcore.py (config, import gate) and
 checks/ep.py (does fused_a2a see the package) all read this table.
 
 A new Megatron candidate is a row here, an `mcore-NAME` class in backends/mcore.py and its

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,7 +224,13 @@ def _trace_bad(path: str, found: str) -> WorkloadError:
 
 def _sniff(p: Path, err: Exception) -> str:
     """What a file that torch.load / np.load could not read looks like, in a few words."""
-    head = p.read_bytes()[:64]
+    if isinstance(err, OSError):              # no permission, an I/O error: nothing of it was read
+        return f"a file it cannot read ({err.strerror or type(err).__name__})"
+    try:
+        with open(p, "rb") as f:
+            head = f.read(64)
+    except OSError as e:
+        return f"a file it cannot read ({e.strerror or type(e).__name__})"
     if not head:
         return "an empty file"
     if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):   # a pickle's protocol header
@@ -251,6 +258,20 @@ def not_a_file(path: str | Path) -> str:
     return next((what for test, what in kinds if test(mode)), "a device, not a file")
 
 
+def _odd_tensor(t: torch.Tensor) -> str:
+    """'' for a plain (strided, dense) tensor in memory; else what it is instead: sparse, nested, quantized or
+    meta tensors load, but have no values to read as expert ids the way a plain one does."""
+    if t.is_nested:
+        return "a nested tensor (save t.to_padded_tensor(-1): -1 is a masked slot)"
+    if t.layout != torch.strided:
+        return f"a sparse tensor ({str(t.layout).removeprefix('torch.')}; save t.to_dense())"
+    if t.is_quantized:
+        return "a quantized tensor (save t.int_repr())"
+    if t.device.type != "cpu":
+        return f"a {t.device.type} tensor, which holds no values here"
+    return ""
+
+
 def load_trace(path: str, topk: int, num_experts: int) -> torch.Tensor:
     """Read topk_idx from a trace file (TRACE_FORMATS); one line that says what was expected and what
     was found when it cannot."""
@@ -265,7 +286,9 @@ def load_trace(path: str, topk: int, num_experts: int) -> torch.Tensor:
                     raise _trace_bad(path, "an .npz with no arrays")
                 t = torch.from_numpy(z["topk_idx"] if "topk_idx" in z else z[z.files[0]])
         else:
-            t = torch.load(p, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():          # torch's notes on odd tensors: the line below says more
+                warnings.simplefilter("ignore")
+                t = torch.load(p, map_location="cpu", weights_only=True)
             if isinstance(t, dict):
                 if "topk_idx" not in t:
                     raise _trace_bad(path, f"a dict with keys {sorted(map(str, t))[:8]} and no 'topk_idx'")
@@ -276,6 +299,8 @@ def load_trace(path: str, topk: int, num_experts: int) -> torch.Tensor:
         raise _trace_bad(path, _sniff(p, e)) from None
     if not isinstance(t, torch.Tensor):
         raise _trace_bad(path, f"a {type(t).__name__}, not a tensor")
+    if odd := _odd_tensor(t):
+        raise _trace_bad(path, odd)
     if t.dim() not in (2, 3) or t.shape[-1] != topk:
         raise _trace_bad(path, f"a tensor of shape {list(t.shape)} (K = --topk {topk})")
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:

@@ -195,6 +195,10 @@ def ops_impl_problem(spec) -> str:
     """'' unless --ops-impl names an implementation this run's device cannot run (cuda on a CPU run, triton on
     CPU without its interpreter, or either where ops.impl_status says no): a named one is bad input for every
     backend, not a FAIL from inside the ranks."""
+    from .. import ops
+    bad_env = ops.env_problem({**os.environ, **spec.env})       # --knob env:VAR=V too: the ranks read it
+    if bad_env:
+        return bad_env
     impl = str(spec.knobs.get("ops_impl", "auto")).partition("@")[0]
     if impl in ("auto", "torch"):
         return ""
@@ -205,7 +209,6 @@ def ops_impl_problem(spec) -> str:
             return ("--ops-impl triton on a CPU run needs triton installed and TRITON_INTERPRET=1 (its interpreter, "
                     "slow): use --ops-impl torch (or auto)")
         return ""
-    from .. import ops
     ok, why = ops.impl_status()[impl]
     return "" if ok else f"--ops-impl {impl} cannot run here ({why}): use --ops-impl auto"
 

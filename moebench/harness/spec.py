@@ -21,6 +21,7 @@ from ..backends.base import ENV_KNOB
 from ..cli import (MAX_CALLS, MAX_ITERS, MAX_WAIT_S, Parser, add_settings, comma_list, count, number,
                    read_settings, seconds, seed, setting, write_settings)
 from ..core.workload import DTYPES, Workload, WorkloadError
+from ..env.limits import open_files_problem
 from . import overlap, preflight
 from .launch import joined_env
 from .placement import Placement, place
@@ -222,7 +223,7 @@ class RunSpec:
         (preflight.py's estimates)."""
         if self.soak_seconds and not self.soak:
             raise WorkloadError("--soak-seconds is the budget of a soak: give --soak N too")
-        too_big = preflight.workload_problem(self)
+        too_big = preflight.workload_problem(self) or open_files_problem(self.workload.ep)
         if too_big:
             raise WorkloadError(too_big)
         if self.explicit:

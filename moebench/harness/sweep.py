@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..backends.base import REGISTRY, knob_problem
+from .. import cli
 from ..cli import Interrupted, count
 from ..core.workload import Workload, WorkloadError
 from ..env.toolkit import SWEEPS_DIR
@@ -341,7 +342,7 @@ def main_sweep(args) -> int:
         if not_joined := join_problem(base.timeout_s):
             raise WorkloadError(not_joined)
     except WorkloadError as e:
-        print(f"moebench.dispatch: error: {e}", file=sys.stderr)
+        cli.error("moebench.dispatch", e)
         return 2
     names, device, out = list(base.backends), base.device, base.out
     if base.note:
@@ -357,7 +358,7 @@ def main_sweep(args) -> int:
     try:
         walk(runner, s, wls, names, args.knob_sweep)
     except join.JoinError as e:
-        print(f"moebench.dispatch: error: {e}; {runner.ran} cases finished", file=sys.stderr)
+        cli.error("moebench.dispatch", f"{e}; {runner.ran} cases finished")
         return 1
     except KeyboardInterrupt as e:
         raise Interrupted.after(e, f"{runner.ran} cases finished and kept in {out}; rerun the same command to "

@@ -8,10 +8,13 @@
             mock data, once per arm: the alltoall control and each candidate, with exactly the flags
             `flags` prints for it, interleaved and repeated (A B A B); Megatron's log gives time per
             iteration, TFLOP/s/GPU, loss, skipped/NaN iterations and memory; the verdict per candidate is
-            KEEP alltoall, SWITCH or INCONCLUSIVE (moebench/megatron/lm_verdict.py). Where no Megatron-LM is
+            KEEP alltoall, SWITCH or INCONCLUSIVE (moebench/megatron/lm/verdict.py). Where no Megatron-LM is
             at hand (or with --quick): the built-in megatron-core loop, a quick check.
   arm       one arm as one rank of your own torchrun/srun job across nodes (one launch per arm);
   compare   the verdict from the arm records of such launches.
+
+Each verb is one cmd_* function here; the Megatron-LM path's work is in lm/, the quick loop's in quick/,
+and the A/B and the flags lookup they share in ab.py and flags.py.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import sys
 from .. import cli
 from ..core.megatron_map import BACKENDS, CONTROL
 from ..env import launcher
+from ..env.limits import open_files_problem
 from ..env.toolkit import dist_version
 from ..harness.views import SAMPLED as SAMPLED_VIEWS
 from ..records.reader import RecordError, read_dispatch
@@ -30,7 +34,7 @@ from ..records.schema import FUNCTIONAL_NOTE, performance_only
 from . import ab
 from . import flags as F
 from ..records.megatron import FlagsReport
-from .lm_args import PRESETS, LmError
+from .lm.args import PRESETS, LmError
 
 LOOP_MODEL = (("num_layers", cli.count(), ""), ("hidden", cli.count(), ""), ("heads", cli.count(), ""),
               ("ffn_hidden", cli.count(), "expert FFN hidden size"), ("num_experts", cli.count(), ""),
@@ -160,7 +164,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def cmd_flags(args) -> int:
+def cmd_flags(args, argv=None) -> int:
     version = args.megatron_core_version or dist_version("megatron-core")
     if not version:
         raise F.FlagsError("megatron-core is not installed here: pass --megatron-core-version V")
@@ -205,18 +209,19 @@ def candidates(args) -> list[str]:
 
 
 def cmd_validate(args, argv) -> int:
-    from . import lm_plan
+    from .lm import plan as lm_plan
     bad_out = cli.first_output_problem([(args.out, "--out"), (args.log_dir, "--log-dir", True)])
     if bad_out:
         raise F.FlagsError(bad_out)
     cli.text_to_stderr(args.out)
+    args.checkout_from = lm_plan.checkout_source(args.megatron_lm)
     found = None if args.quick else lm_plan.find_checkout(args.megatron_lm)
     cands = candidates(args)
     if found is None:
-        from .loop import cmd_quick
+        from .quick.loop import cmd_quick
         if args.results or len(args.dispatcher) != 1:
             raise F.FlagsError("the quick loop takes one --dispatcher (Megatron-LM validates several: --megatron-lm PATH)")
-        from .train import TrainSpec
+        from .quick.train import TrainSpec
         fit_window(args, TrainSpec.steps, None)
         return cmd_quick(args, argv, args.dispatcher[0])
     given = [n for n, _, _ in LOOP_MODEL if getattr(args, n) is not None]
@@ -226,10 +231,38 @@ def cmd_validate(args, argv) -> int:
     if lm_plan.launcher_shape() is not None:
         raise F.FlagsError("validate launches its own ranks, one torchrun per arm: under torchrun or srun run "
                            "`megatron arm` once per arm, then `megatron compare` on their records")
-    from .lm_tool import cmd_validate as lm_validate
+    from .lm.commands import cmd_validate as lm_validate
     args.megatron_lm = found
     fit_window(args, 30, 10)
     return lm_validate(args, cands)
+
+
+def cmd_arm(args, argv) -> int:
+    from .lm import commands, plan as lm_plan
+    output_to(args.out)
+    args.checkout_from = lm_plan.checkout_source(args.megatron_lm)
+    args.dispatcher, args.megatron_lm = args.dispatcher[0], lm_plan.find_checkout(args.megatron_lm)
+    if not args.megatron_lm:
+        raise LmError("no Megatron-LM checkout: --megatron-lm PATH (or $MEGATRON_LM)")
+    fit_window(args, 30, 10)
+    return commands.cmd_arm(args)
+
+
+def cmd_compare(args, argv) -> int:
+    from .lm import commands
+    output_to(args.out)
+    return commands.cmd_compare(args)
+
+
+def output_to(out: str | None) -> None:
+    """LmError unless --out can be written (before any work); the tables to stderr when it is stdout."""
+    bad_out = cli.output_problem(out, "--out")
+    if bad_out:
+        raise LmError(bad_out)
+    cli.text_to_stderr(out)
+
+
+VERBS = {"flags": cmd_flags, "validate": cmd_validate, "arm": cmd_arm, "compare": cmd_compare}
 
 
 @cli.tool
@@ -237,25 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     try:
-        bad_launch = launcher.problem() if args.cmd in ("validate", "arm") else ""     # they start ranks
+        bad_launch = ((launcher.problem() or open_files_problem(args.ep or 2))      # they start ranks
+                      if args.cmd in ("validate", "arm") else "")
         if bad_launch:
             raise LmError(bad_launch)
-        if args.cmd == "flags":
-            return cmd_flags(args)
-        if args.cmd == "validate":
-            return cmd_validate(args, argv)
-        from . import lm_plan, lm_tool
-        bad_out = cli.output_problem(args.out, "--out")
-        if bad_out:
-            raise LmError(bad_out)
-        cli.text_to_stderr(args.out)
-        if args.cmd == "arm":
-            args.dispatcher, args.megatron_lm = args.dispatcher[0], lm_plan.find_checkout(args.megatron_lm)
-            if not args.megatron_lm:
-                raise LmError("no Megatron-LM checkout: --megatron-lm PATH (or $MEGATRON_LM)")
-            fit_window(args, 30, 10)
-            return lm_tool.cmd_arm(args)
-        return lm_tool.cmd_compare(args)
+        return VERBS[args.cmd](args, argv)
     except (F.FlagsError, LmError, RecordError) as e:
-        print(f"moebench.megatron {args.cmd}: error: {e}", file=sys.stderr)
+        cli.error(f"moebench.megatron {args.cmd}", e)
         return 2

@@ -135,6 +135,18 @@ def check_variant(name: str, variant: str) -> None:
     triton_impl.knobs(variant)
 
 
+def env_problem(environ=None) -> str:
+    """'' or one line naming an environment variable that sets the kernels' defaults (MOEBENCH_TRITON_<KNOB>,
+    MOEBENCH_CUDA_PERMUTE_VARIANT, MOEBENCH_CUDA_UNPERMUTE_VARIANT) and holds no valid value. Tools refuse it
+    before any work: read inside the ranks, it made FAIL rows that blamed the kernels."""
+    from . import cuda_variant, triton_knobs
+    try:
+        triton_knobs.env_knobs(environ)
+    except ValueError as e:
+        return str(e)
+    return cuda_variant.env_problem(environ)
+
+
 def _module(impl: str, device: torch.device, op: str):
     if impl == "auto":
         impl = best_impl(device, op)

@@ -26,8 +26,10 @@ SOURCES = ("moe_permute.cu", "bindings.cpp")
 HEADERS = ("moe_permute.h", "permute_gather.cuh", "permute_index.cuh", "permute_rows.cuh")
 # Kernel variants (csrc/moe_permute.h, ops/cuda_variant.py): impl "cuda@V" or "cuda@V:C" picks one per
 # call; these are the defaults ("V[:C]" strings, parsed on first use).
-VARIANT_PERMUTE = os.environ.get("MOEBENCH_CUDA_PERMUTE_VARIANT", "")
-VARIANT_UNPERMUTE = int(os.environ.get("MOEBENCH_CUDA_UNPERMUTE_VARIANT", "0"))
+# A value that is no variant gives the default here; a tool refuses it before any work (ops.env_problem).
+VARIANT_PERMUTE = os.environ.get("MOEBENCH_CUDA_PERMUTE_VARIANT", "") if not cuda_variant.env_problem() else ""
+VARIANT_UNPERMUTE = (cuda_variant.parse(os.environ.get("MOEBENCH_CUDA_UNPERMUTE_VARIANT", "")).bits
+                     if not cuda_variant.env_problem() else 0)
 _DTYPE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 HOST_COUNTS = True    # permute(host_counts=True): tokens per expert on the host before the copy ends
 

@@ -17,6 +17,7 @@ bulk or warp copy, so a disagreement costs speed, never a result.
 from __future__ import annotations
 
 import functools
+import os
 from typing import NamedTuple
 
 NO_HINTS = 1            # no L2 evict-first hints (rows and bulk kernels); warp copy: streaming
@@ -123,3 +124,18 @@ def check(variant: str, *, row_bytes: int | None = None, topk: int | None = None
         if why:
             raise ValueError(f"cuda@{variant}: {why}")
     return v
+
+
+ENV = ("MOEBENCH_CUDA_PERMUTE_VARIANT", "MOEBENCH_CUDA_UNPERMUTE_VARIANT")       # the defaults' variants
+
+
+def env_problem(environ=None) -> str:
+    """'' or one line naming the variable of ENV that holds no variant ("V" or "V:C")."""
+    e = os.environ if environ is None else environ
+    for name in ENV:
+        if name in e:
+            try:
+                parse(e[name])
+            except ValueError as err:
+                return f"{name}={e[name]!r}: {str(err).partition(': ')[2]}"
+    return ""

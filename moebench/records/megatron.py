@@ -30,7 +30,7 @@ class ArmRecord:
     status: str                       # PASS | FAIL
     errors: list[str]
     megatron_argv: list[str]          # PATH/pretrain_gpt.py and its arguments, exactly as run
-    command: list[str]                # the launch (torchrun ... lm_rank ... -- megatron_argv), or the launcher's
+    command: list[str]                # the launch (torchrun ... lm.rank ... -- megatron_argv), or the launcher's
     dispatcher_flags: list[str]       # the flags only this arm has (megatron flags' Megatron-LM form)
     env_set: dict                     # environment set for this arm (the flags' env)
     flags: dict                       # megatron flags' FlagSet for this arm, notes included

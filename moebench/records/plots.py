@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cli import OutputError
 from ..core.workload import describe
 from . import schema
 from .schema import PHASES
@@ -27,6 +28,23 @@ METRICS = ("busbw", "algbw", "wirebw", "nvlink", "net")
 
 class PlotError(ValueError):
     pass
+
+
+def plot_problem(path: str | None, flag: str) -> str:
+    """'' when a plot can be written to PATH, checked before any work; else one line naming the flag: no
+    matplotlib, or a suffix matplotlib writes no format for (pgf: it needs a TeX system). A PATH without a
+    suffix is written as PNG under exactly that name (save)."""
+    if path is None:
+        return ""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        return f"{flag} needs matplotlib: pip install 'moebench[plot]'"
+    fmt = Path(path).suffix.lower().removeprefix(".")
+    formats = sorted(set(FigureCanvasBase.get_supported_filetypes()) - {"pgf"})
+    if fmt and fmt not in formats:
+        return f"{flag} {path}: matplotlib writes no .{fmt} file (it writes {', '.join(formats)}; no suffix: PNG)"
+    return ""
 
 
 def _sms(r: dict) -> int:
@@ -151,9 +169,14 @@ def plot_bandwidth(records: list[dict], path: str | None = None, metric: str = "
 
 
 def save(fig, path: str, dpi: int) -> None:
-    """A figure to PNG, its folder made as --out makes its own."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
+    """A figure to exactly PATH, in the format its suffix names (PNG without one: matplotlib would write
+    PATH.png instead), its folder made as --out makes its own; OutputError (one line, exit 1) when the
+    write fails after the run."""
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=dpi, format=Path(path).suffix.lower().removeprefix(".") or "png")
+    except (OSError, ValueError, RuntimeError) as e:
+        raise OutputError(f"{path}: the plot could not be written ({getattr(e, 'strerror', None) or e})") from None
 
 
 def _panel(ax, key, recs: list[dict], metric: str) -> None:

@@ -9,8 +9,9 @@ where one line is to blame.
   a JSON value that is not an object, a record of the wrong shape: records/validate.py) is skipped and
   counted in one line on stderr when the rest is usable, and refused when nothing usable is left.
 - A record whose figures are impossible (NaN, infinite, 0 or negative times and bandwidths) is skipped
-  the same way, except by the tools that judge (verdict=True), which refuse it: skipping a measured row
-  would change their verdict without a word.
+  the same way, except by the tools that judge (verdict=True), which refuse it, and refuse a line they
+  cannot read alike, naming the first: a verdict drawn from what is left of a damaged A/B is a verdict on
+  another A/B than the one the user ran.
 A UTF-8 byte order mark at the start of a file is read past. A file that is one JSON document over several
 lines (a check --out report) reads as one record on line 1.
 """
@@ -25,6 +26,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cli import one_line
 from . import validate
 from .validate import WORKLOAD_KEYS
 
@@ -233,10 +235,12 @@ def read(paths, tool: str | None, kinds=("dispatch",), need=WORKLOAD_KEYS, verdi
     out, skipped = [], []
     for path in paths:
         got, bad, other = _records(path, kinds, need)
-        if verdict and (impossible := next((b for b in bad if b.figure), None)):
-            raise RecordError(f"{impossible}; refused: no verdict is drawn from an impossible figure")
+        if verdict and any(b.figure for b in bad):
+            raise RecordError(refusal([b for b in bad if b.figure]))
         if require and not got:
             raise RecordError(f"{os.fspath(path)}: {_nothing_usable(what, bad, other)}")
+        if verdict and bad:
+            raise RecordError(refusal(bad))
         out += got
         skipped += bad
     if skipped and tool:
@@ -250,18 +254,40 @@ def read_dispatch(paths, tool: str | None, need=WORKLOAD_KEYS, verdict: bool = F
     return read(paths, tool, ("dispatch",), need, verdict, require)
 
 
-def read_objects(path, tool: str | None = None) -> list[dict]:
-    """Every JSON object of a JSONL file, of any kind, tagged `_line` (lines that are none: skipped, counted)."""
+def refusal(bad: list[Bad]) -> str:
+    """The one line of a tool that judges, refusing a file with bad lines: the first, and how many."""
+    first = bad[0]
+    why = "an impossible figure" if first.figure else "a file with a line it cannot read"
+    more = f" ({len(bad)} such lines)" if len(bad) > 1 else ""
+    return f"{first}; refused: no verdict is drawn from {why}{more}"
+
+
+def read_objects(path, tool: str | None = None, verdict: bool = False) -> list[dict]:
+    """Every JSON object of a JSONL file, of any kind, tagged `_line` (lines that are none: skipped, counted;
+    with verdict, RecordError naming the first)."""
     found, bad = values(path)
     bad += [Bad(os.fspath(path), n, f"{validate.show(v)}, not a record object")
             for n, v in found if not isinstance(v, dict)]
+    bad.sort(key=lambda b: b.line)
+    if bad and verdict:
+        raise RecordError(refusal(bad))
     if bad and tool:
-        print(skip_note(tool, sorted(bad, key=lambda b: b.line)), file=sys.stderr)
+        print(skip_note(tool, bad), file=sys.stderr)
     return [{**v, "_line": n} for n, v in found if isinstance(v, dict)]
+
+
+def holdings(objs: list[dict]) -> str:
+    """What records of other kinds are: '2 moebench.dispatch records, 1 object of no known kind' ('nothing')."""
+    counts: dict[str, int] = {}
+    for o in objs:
+        k = validate.kind(o)
+        counts[k] = counts.get(k, 0) + 1
+    return ", ".join(_plural(KIND_NAMES.get(k, f"{k[:40]} record" if "/" in k else "object of no known kind"), n)
+                     for k, n in counts.items()) or "nothing"
 
 
 def skip_note(tool: str, bad: list[Bad], shown: int = 3) -> str:
     """One line: how many lines were skipped, the first few with why."""
     more = f"; +{len(bad) - shown} more" if len(bad) > shown else ""
-    return (f"# {tool}: skipped {len(bad)} malformed line{'s' if len(bad) > 1 else ''}: "
-            + "; ".join(f"{b.path}:{b.line} ({b.why})" for b in bad[:shown]) + more)
+    return one_line(f"# {tool}: skipped {len(bad)} malformed line{'s' if len(bad) > 1 else ''}: "
+                    + "; ".join(f"{b.path}:{b.line} ({b.why})" for b in bad[:shown]) + more)

@@ -1,4 +1,6 @@
 """Workload validation and the statistics of every routing mode."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -112,6 +114,43 @@ def test_trace_with_wrong_topk_or_ids_is_rejected(tmp_path):
     torch.save(torch.tensor([[1, 2, 3, 1]]), tmp_path / "dup.pt")
     with pytest.raises(WorkloadError, match="twice"):
         load_trace(str(tmp_path / "dup.pt"), 4, 32)
+
+
+ODD_TENSORS = {   # a trace of these kinds loads, and then crashed the reading of its ids (issue 50)
+    "sparse-coo": (lambda t: t.to_sparse(), "a sparse tensor (sparse_coo; save t.to_dense())"),
+    "sparse-csr": (lambda t: t.to_sparse_csr(), "a sparse tensor (sparse_csr; save t.to_dense())"),
+    "in-a-dict": (lambda t: {"topk_idx": t.to_sparse()}, "a sparse tensor (sparse_coo"),
+    "nested": (lambda t: torch.nested.nested_tensor([t[:3], t[:5]]), "a nested tensor"),
+    "quantized": (lambda t: torch.quantize_per_tensor(t.float(), 1.0, 0, torch.qint8), "a quantized tensor"),
+    "meta": (lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"), "a meta tensor, which holds no values"),
+}
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("kind", ODD_TENSORS)
+def test_a_trace_of_an_odd_tensor_kind_says_which(tmp_path, kind):
+    make, what = ODD_TENSORS[kind]
+    torch.save(make(torch.rand(10, 32).argsort(dim=1)[:, :4]), tmp_path / "t.pt")
+    with pytest.raises(WorkloadError, match="found " + re.escape(what)):
+        load_trace(str(tmp_path / "t.pt"), 4, 32)
+
+
+@pytest.mark.parametrize("name", ["t.pt", "t.npz"])
+def test_a_trace_the_user_cannot_read_says_so(tmp_path, monkeypatch, name):
+    """As root every file is readable: the refusal is simulated where the loaders open the file."""
+    trace = torch.rand(10, 32).argsort(dim=1)[:, :4]
+    torch.save(trace, tmp_path / "t.pt")
+    np.savez(tmp_path / "t.npz", topk_idx=trace.numpy())
+    real_open = open
+
+    def denied(path, *a, **k):
+        if str(path).endswith(name):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *a, **k)
+    monkeypatch.setattr("builtins.open", denied)
+    monkeypatch.setattr("io.open", denied)
+    with pytest.raises(WorkloadError, match=re.escape("found a file it cannot read (Permission denied)")):
+        load_trace(str(tmp_path / name), 4, 32)
 
 
 def test_bytes_per_token():

@@ -67,3 +67,21 @@ def test_shape_names_the_launcher_and_its_ranks_per_node():
     assert launcher.shape({**SRUN, "SLURM_NTASKS": "16", "SLURM_NTASKS_PER_NODE": "8(x2)"}) == (16, 8, "srun")
     assert launcher.shape({"RANK": "3", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", **MASTER}) == (16, 8, "torchrun")
     assert launcher.shape({}) is None
+
+
+def test_a_low_open_file_limit_is_raised_to_the_hard_one_or_refused(monkeypatch):
+    """At `ulimit -n 20` a run printed hundreds of lines of c10d errors and hung (issue 50); the limit is
+    checked before any rank starts: a soft limit below the need is raised where the hard one allows it."""
+    import resource
+
+    from moebench.env import limits
+    calls = []
+    monkeypatch.setattr(resource, "setrlimit", lambda what, lim: calls.append(lim))
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (20, 4096))
+    assert limits.open_files_problem(8) == "" and calls == [(4096, 4096)]
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (20, 20))
+    assert limits.open_files_problem(8) == ("the open-file limit (ulimit -n) is 20: 8 ranks need about 64 files and "
+                                            "sockets; raise it (ulimit -n 1024) and run again")
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (1024, 1024))
+    assert limits.open_files_problem(8) == "" and len(calls) == 1
+    assert limits.open_files_needed(16) > 56          # measured: EP 16 needed 56 (limits.py)

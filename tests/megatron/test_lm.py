@@ -13,7 +13,9 @@ import pytest
 from conftest import FAKES, FIXTURES, ROOT
 from moebench import megatron
 from moebench.harness import launch
-from moebench.megatron import ab, lm_arm, lm_args, lm_log, lm_plan, lm_verdict, loop
+from moebench.megatron import ab
+from moebench.megatron.lm import arm as lm_arm, args as lm_args, log as lm_log, plan as lm_plan, verdict as lm_verdict
+from moebench.megatron.quick import loop
 from moebench.megatron import flags as F
 
 FIX = FIXTURES
@@ -465,6 +467,31 @@ def test_compare_refuses_a_file_given_twice(second, tmp_path):
     p = run_cli(["compare", str(f), again], tmp_path)
     assert p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1, p.stderr
     assert p.stderr.startswith(f"moebench.megatron compare: error: {again}") and "given twice" in p.stderr
+
+
+def test_compare_refuses_a_line_it_cannot_read_and_says_what_a_file_without_arms_holds(tmp_path, capsys):
+    """It judged what was left after skipping such a line, and said only "no arm records" of a file of other
+    records (issue 50)."""
+    f = arms_file(tmp_path)
+    f.write_text(f.read_text() + "12345678901234567890123456789\n")
+    n = len(f.read_text().splitlines())
+    assert megatron.main(["compare", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"moebench.megatron compare: error: {f}:{n}: a 29-digit integer, not a record object; "
+                                "refused: no verdict is drawn from a file with a line it cannot read"]
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"schema": "moebench.result/1"}\n{"x": 1}\n')
+    assert megatron.main(["compare", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "(it holds 1 moebench.dispatch record, 1 object of no known kind; " in err
+
+
+def test_a_checkout_from_the_environment_is_named_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MEGATRON_LM", str(tmp_path / "gone"))
+    assert megatron.main(["validate", "--dispatcher", "hybridep", "--out", str(tmp_path / "r.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"moebench.megatron validate: error: $MEGATRON_LM {tmp_path / 'gone'}: not a "
+                                "directory (a Megatron-LM checkout holding pretrain_gpt.py)"]
 
 
 def test_compare_refuses_the_same_arm_records_in_two_files(tmp_path):

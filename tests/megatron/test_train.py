@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from moebench import megatron
-from moebench.megatron import loop
+from moebench.megatron.quick import loop
 from moebench.records.megatron import ENGINE_LOOP, LOOP_SCHEMA
-from moebench.megatron import train as T
+from moebench.megatron.quick import train as T
 
 HAVE_MCORE = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
 needs_mcore = pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core is not installed")
@@ -175,7 +175,7 @@ def test_validate_ranks_per_gpu_needs_gpus(capsys):
 def test_flex_setup_fails_a_deepep_build_megatron_cannot_size(monkeypatch):
     """Megatron's flex/deepep path on a DeepEP without NVSHMEM: the training rank fails at once with the reason."""
     from moebench.env import deepep
-    from moebench.megatron import train
+    from moebench.megatron.quick import train
     monkeypatch.setattr(deepep, "rdma_size_problem", lambda *a: "this DeepEP was built without NVSHMEM ...")
     with pytest.raises(RuntimeError, match="without NVSHMEM"):
         train.flex_setup("deepep", 2, 1024, ranks_per_gpu=2)
@@ -186,7 +186,7 @@ def test_the_quick_loop_takes_the_window_it_is_given():
     """--window reached the Megatron-LM path only; the quick loop always picked its own."""
     from argparse import Namespace
 
-    from moebench.megatron.loop import MODEL_OPTIONS, spec_of
+    from moebench.megatron.quick.loop import MODEL_OPTIONS, spec_of
     base = dict.fromkeys(MODEL_OPTIONS) | {"iters": 10, "seed": 1, "num_sms": None}
     assert spec_of(Namespace(**base, window=3)).steady_window == 3
     assert spec_of(Namespace(**base, window=None)).steady_window == 5          # its own: half of 10 steps

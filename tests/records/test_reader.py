@@ -169,9 +169,15 @@ def test_tools_that_judge_refuse_an_impossible_figure(tmp_path, capsys, bad, why
     assert "refused" in str(e.value) and capsys.readouterr().err == ""
 
 
-def test_tools_that_judge_still_skip_a_line_of_the_wrong_shape(tmp_path, capsys):
+def test_tools_that_judge_refuse_a_line_of_the_wrong_shape_naming_the_first(tmp_path, capsys):
+    """A verdict from what is left of a damaged A/B would be a verdict on another A/B (issue 50: `megatron
+    flags` printed flags from the rest); the tools that only show records still skip and count."""
     f = write(tmp_path, GOOD, b"[1]", GOOD[:30])
-    assert len(reader.read_dispatch([f], "t", verdict=True)) == 1
+    with pytest.raises(RecordError, match="^" + re.escape(f"{f}:2: a JSON list, not a record object; refused: ")
+                       + r".*\(2 such lines\)$"):
+        reader.read_dispatch([f], "t", verdict=True)
+    assert capsys.readouterr().err == ""
+    assert len(reader.read_dispatch([f], "t")) == 1
     assert "skipped 2 malformed lines: " in capsys.readouterr().err
 
 
@@ -332,6 +338,26 @@ def pair(name: str, us: float) -> list[bytes]:
     """alltoall's dispatch and combine at 500 us, then `name`'s at `us`, as JSONL lines."""
     return [json.dumps(rec(b, phase, t)).encode() for b, t in (("alltoall", 500.0), (name, us))
             for phase in ("dispatch", "combine")]
+
+
+def test_no_tool_judges_what_is_left_of_a_damaged_a_b(run_tool, tmp_path):
+    """`megatron flags` printed flags from the records left after skipping a line it could not read, and exited
+    0 (issue 50): each tool that judges refuses the file instead, naming the first bad line; report's tables
+    still show the rest."""
+    lines = pair("deepep", 400.0)
+    good = write(tmp_path, *lines, name="a.jsonl")
+    damaged = write(tmp_path, *lines[:2], b'"a string"', *lines[2:], b"{cut", name="b.jsonl")
+    why = f"{damaged}:3: 'a string', not a record object; refused: "
+    flags = ["flags", "--results", damaged, "--megatron-core-version", "0.19.2"]
+    for prog, argv in (("moebench.megatron flags", flags),
+                       ("moebench.report", ["--compare", good, damaged]),
+                       ("moebench.plan", ["--ep", "8", "--results", damaged]),
+                       ("moebench.check", ["-t", "baseline", "--baseline", damaged])):
+        p = run_tool(prog.split()[0], *argv)
+        assert p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1, (prog, p)
+        assert p.stderr.startswith(f"{prog}: error: ") and why in p.stderr and "(2 such lines)" in p.stderr, p.stderr
+    p = run_tool("moebench.report", damaged)
+    assert p.returncode == 0 and "skipped 2 malformed lines" in p.stderr
 
 
 def test_cli_no_tool_judges_an_impossible_median(tmp_path):

@@ -134,6 +134,20 @@ def test_dev_null_is_an_output_and_the_output_check_keeps_a_dangling_symlink(tmp
         writer.write_jsonl("/dev/full", [{"a": 1}])
 
 
+def test_too_few_file_descriptors_are_one_line_before_any_rank_starts(tmp_path):
+    """`ulimit -n 20`: hundreds of lines of c10d errors and a hang until the timeout, before (issue 50)."""
+    out = tmp_path / "r.jsonl"
+    py = f"{sys.executable} -m"
+    runs = [shell(f"ulimit -n 20; {py} moebench.dispatch {' '.join(TINY)} --backend alltoall --out {out}"),
+            shell(f"ulimit -n 20; {py} moebench.megatron validate --quick --dispatcher alltoall --device cpu --ep 2 "
+                  f"--out {out}"),
+            shell(f"ulimit -n 20; {py} moebench.check -t env"),
+            shell(f"ulimit -n 20; {py} moebench.dispatch --sweep dsv3 {' '.join(TINY[:4])} --out {out}")]
+    for p in runs:
+        refused(p, "the open-file limit (ulimit -n) is 20: 2 ranks need about 40", "ulimit -n 1024")
+    assert not out.exists()
+
+
 def test_bad_output_targets_are_one_line_before_any_work(tmp_path, capsys):
     from moebench import check, dispatch, megatron, permute
     fifo, same = tmp_path / "fifo", str(tmp_path / "same")
@@ -241,6 +255,8 @@ def test_nonsense_is_refused_naming_the_problem(tmp_path, capsys, monkeypatch):
              (lambda: dispatch.main([*d, "--ops-impl", "cuda"]), ("--ops-impl cuda", "CPU")),
              (lambda: dispatch.main([*d, "--ops-impl", "triton"]), ("--ops-impl triton", "TRITON_INTERPRET")),
              (lambda: dispatch.main([*d, "--routing", ""]), ("--routing is empty",)),
+             (lambda: dispatch.main([*d, "--knob", "env:MOEBENCH_TRITON_PDL=2"]),      # read by the ranks alone
+              ("MOEBENCH_TRITON_PDL=2: pdl must be 0 or 1, not 2",)),
              (lambda: dispatch.main([*d, "--routing", f"trace:{fifo}"]), ("found a FIFO",)),
              (lambda: dispatch.main(["--sweep", str(fifo), "--device", "cpu", "--out", out]), ("FIFO",)),
              (lambda: permute.main(["--ops-impl", "torch,torch"]), ("names torch twice",)),

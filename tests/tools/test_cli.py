@@ -1,7 +1,9 @@
-"""The tools as a user drives them, as subprocesses: bad input of every class is one line on stderr and exit 2
-before any work; an interrupt keeps what finished, says what did not run and leaves no process behind; a
-closed stdout drops the output, not the work; first contact (`python -m moebench` lists the tools, the
-default output is documented, README's examples say which need GPUs)."""
+"""The tools as a user drives them: bad input of every class is one line on stderr and exit 2 before any work;
+an interrupt keeps what finished, says what did not run and leaves no process behind; a closed stdout drops
+the output, not the work; first contact (`python -m moebench` lists the tools, the default output is
+documented, README's examples say which need GPUs). What happens at the process's edges (signals, a closed
+stdout, `python -m` itself) runs as subprocesses; the bad values, paths and files run each tool's main through
+cli.run in this process (`run_tool`: the same code `python -m` runs, without starting torch again per case)."""
 from pathlib import Path
 import json
 import os
@@ -16,7 +18,7 @@ import torch
 from conftest import FAKES, ROOT, alive, children_of, wait_for
 from moebench import check, dispatch, megatron, permute, report
 from moebench.env.toolkit import installed
-from moebench.megatron import loop
+from moebench.megatron.quick import loop
 
 
 TINY = ["--device", "cpu", "--ep", "2", "--num-tokens", "8", "--hidden", "64", "--num-experts", "8", "--topk", "2",
@@ -44,8 +46,7 @@ def one_line_exit2(p, *words):
 def good(tmp_path_factory) -> Path:
     """A real (CPU, functional) dispatch JSONL."""
     out = tmp_path_factory.mktemp("good") / "good.jsonl"
-    p = tool("moebench.dispatch", *TINY, "--backend", "alltoall", "--out", str(out))
-    assert p.returncode == 0, p.stderr[-2000:]
+    assert dispatch.main([*TINY, "--backend", "alltoall", "--out", str(out)]) == 0
     return out
 
 
@@ -78,13 +79,12 @@ VALUES = [
 
 
 @pytest.mark.parametrize("argv, flag", VALUES, ids=[f"{a[0].split('.')[-1]}{flag}" for a, flag in VALUES])
-@pytest.mark.slow
-def test_out_of_range_values_are_one_line_exit_2(argv, flag):
-    one_line_exit2(tool(*argv), flag)
+def test_out_of_range_values_are_one_line_exit_2(run_tool, argv, flag):
+    one_line_exit2(run_tool(*argv), flag)
 
 
-def test_a_version_outside_the_checked_range_gets_a_note():
-    p = tool("moebench.megatron", "flags", "--backend", "hybridep", "--megatron-core-version", "9.9.9")
+def test_a_version_outside_the_checked_range_gets_a_note(run_tool):
+    p = run_tool("moebench.megatron", "flags", "--backend", "hybridep", "--megatron-core-version", "9.9.9")
     assert p.returncode == 0 and "outside the checked range" in p.stdout and "0.16.1 and 0.19.2" in p.stdout
 
 
@@ -109,30 +109,28 @@ OUTPUTS = [
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
-def test_unwritable_folder_is_refused(tmp_path):
-    one_line_exit2(tool("moebench.dispatch", *TINY, "--out", bad_outputs(tmp_path)["unwritable"]), "--out")
+def test_unwritable_folder_is_refused(run_tool, tmp_path):
+    one_line_exit2(run_tool("moebench.dispatch", *TINY, "--out", bad_outputs(tmp_path)["unwritable"]), "--out")
 
 
 @pytest.mark.parametrize("argv, flag", OUTPUTS, ids=[f"{a[0].split('.')[-1]}{f}" for a, f in OUTPUTS])
 @pytest.mark.parametrize("kind", ["empty", "directory", "under a file"])
-@pytest.mark.slow
-def test_bad_output_paths_are_refused_before_any_work(tmp_path, argv, flag, kind):
+def test_bad_output_paths_are_refused_before_any_work(run_tool, tmp_path, argv, flag, kind):
     path = bad_outputs(tmp_path)[kind]
     before = sorted(tmp_path.rglob("*"))
-    one_line_exit2(tool(*argv, flag, path), flag)
+    one_line_exit2(run_tool(*argv, flag, path), flag)
     assert sorted(tmp_path.rglob("*")) == before          # nothing written anywhere
 
 
-def test_trace_output_must_be_a_folder(tmp_path):
+def test_trace_output_must_be_a_folder(run_tool, tmp_path):
     f = tmp_path / "a-file"
     f.write_text("x")
-    one_line_exit2(tool("moebench.permute", "--ops-impl", "torch", "--trace", str(f)), "--trace", "not a directory")
+    one_line_exit2(run_tool("moebench.permute", "--ops-impl", "torch", "--trace", str(f)), "--trace", "not a directory")
 
 
-@pytest.mark.slow
-def test_missing_output_folders_are_made(tmp_path):
+def test_missing_output_folders_are_made(run_tool, tmp_path):
     out = tmp_path / "new" / "deeper" / "r.jsonl"
-    p = tool("moebench.dispatch", *TINY, "--backend", "alltoall", "--out", str(out))
+    p = run_tool("moebench.dispatch", *TINY, "--backend", "alltoall", "--out", str(out))
     assert p.returncode == 0 and len(out.read_text().splitlines()) == 2
 
 
@@ -145,24 +143,23 @@ def inputs(tmp_path: Path) -> dict:
 
 
 @pytest.mark.parametrize("kind", ["empty", "garbage", "other", "folder"])
-@pytest.mark.slow
-def test_offline_inputs_without_a_usable_record_are_errors_that_say_why(tmp_path, good, kind):
+def test_offline_inputs_without_a_usable_record_are_errors_that_say_why(run_tool, tmp_path, good, kind):
     f = inputs(tmp_path)[kind]
     why = {"empty": "empty", "garbage": "no", "other": "not moebench.dispatch", "folder": "directory"}[kind]
-    one_line_exit2(tool("moebench.report", f), f, why)
-    one_line_exit2(tool("moebench.plan", "--ep", "8", "--results", f), "--results", why)
-    one_line_exit2(tool("moebench.megatron", "flags", "--megatron-core-version", "0.19.2", "--results", f), "--results")
-    one_line_exit2(tool("moebench.check", "-t", "env", "--baseline", f), f)
-    one_line_exit2(tool("moebench.report", "--compare", str(good), f), f)
+    one_line_exit2(run_tool("moebench.report", f), f, why)
+    one_line_exit2(run_tool("moebench.plan", "--ep", "8", "--results", f), "--results", why)
+    one_line_exit2(run_tool("moebench.megatron", "flags", "--megatron-core-version", "0.19.2", "--results", f),
+                   "--results")
+    one_line_exit2(run_tool("moebench.check", "-t", "env", "--baseline", f), f)
+    one_line_exit2(run_tool("moebench.report", "--compare", str(good), f), f)
 
 
-def test_a_cpu_result_is_no_plan_input(good):
-    one_line_exit2(tool("moebench.plan", "--ep", "8", "--results", str(good)), "functional only")
+def test_a_cpu_result_is_no_plan_input(run_tool, good):
+    one_line_exit2(run_tool("moebench.plan", "--ep", "8", "--results", str(good)), "functional only")
 
 
 # ---------------------------------------------------------------- trace files
-@pytest.mark.slow
-def test_bad_trace_files_say_what_is_expected_and_what_was_found(tmp_path):
+def test_bad_trace_files_say_what_is_expected_and_what_was_found(run_tool, tmp_path):
     import numpy as np
     cases = {"empty.pt": b"", "json.pt": b'{"topk_idx": [[0, 1]]}', "junk.pt": bytes(range(200, 256)) * 3}
     for name, data in cases.items():
@@ -171,7 +168,7 @@ def test_bad_trace_files_say_what_is_expected_and_what_was_found(tmp_path):
     found = {"empty.pt": "an empty file", "json.pt": "JSON", "junk.pt": "neither a zip nor a pickle",
              "none.npz": "no arrays"}
     for name, what in found.items():
-        msg = one_line_exit2(tool("moebench.dispatch", *TINY, "--routing", f"trace:{tmp_path / name}"), name)
+        msg = one_line_exit2(run_tool("moebench.dispatch", *TINY, "--routing", f"trace:{tmp_path / name}"), name)
         assert "expected a .pt file" in msg and "[N, K] or [W, T, K]" in msg and what in msg.split("; found ", 1)[1]
 
 
@@ -296,6 +293,21 @@ def test_unwritable_outputs_are_refused_before_any_work(tmp_path, capsys, monkey
     one_line_exit2_in_process(megatron.main(["validate", "--dispatcher", "alltoall", "--out", bad]), capsys, "--out")
 
 
+def test_ranks_checking_one_output_at_once_both_find_it_writable(tmp_path, monkeypatch):
+    """Under torchrun every rank checks --out: the file one rank's check made was removed by another's before
+    its own removal, and `megatron arm` said "cannot write there (No such file or directory)"."""
+    from moebench import cli
+    out = tmp_path / "arms.jsonl"
+    write = os.write
+
+    def other_rank_done(fd, data):          # the other rank's check removes the file made for this one
+        n = write(fd, data)
+        out.unlink()
+        return n
+    monkeypatch.setattr(os, "write", other_rank_done)
+    assert cli.output_problem(str(out), "--out") == "" and not out.exists()
+
+
 def test_writable_output_check_leaves_no_file_and_keeps_contents(tmp_path):
     from moebench.cli import output_problem
     new = tmp_path / "sub" / "deeper" / "r.jsonl"
@@ -333,6 +345,63 @@ def test_sweep_max_cases_zero_is_refused(tmp_path, capsys):
     sw.write_text("num_experts = 8\ntopk = 2\nnum_tokens = 16\nhidden = 64\n")
     one_line_exit2_in_process(dispatch.main(["--sweep", str(sw), "--device", "cpu", "--ep", "2", "--max-cases", "0",
                                   "--out", str(tmp_path / "r.jsonl")]), capsys, "--max-cases")
+
+
+def test_the_parser_refuses_an_empty_value_of_any_option_and_argument(capsys):
+    """`--sweep ''` ran the default case and exited 0: an empty value read as "not given" (issue 50). Every
+    option, a subcommand's options and the positional arguments refuse it, except a flag whose tool refuses it
+    in its own words (cli.own_empty)."""
+    from moebench import cli
+    p = cli.Parser(prog="python -m t")
+    p.add_argument("--name")
+    p.add_argument("--blank", default="")
+    cli.own_empty(p.add_argument("--list"))
+    sub = p.add_subparsers(dest="cmd")
+    s = sub.add_parser("go")
+    s.add_argument("files", nargs="+")
+    assert p.parse_args(["--blank", "", "--list", ""]).list == ""
+    for argv, what in ((["--name", ""], "t: error: --name is empty: give it a value, or leave it out"),
+                       (["go", "a", ""], "t go: error: files is empty: give it a value")):
+        with pytest.raises(SystemExit) as e:
+            p.parse_args(argv)
+        assert e.value.code == 2 and capsys.readouterr().err == what + "\n"
+
+
+def test_an_empty_file_or_name_is_refused_by_every_tool(run_tool, tmp_path):
+    out = str(tmp_path / "r.jsonl")
+    for prog, argv, flag in (
+            ("moebench.dispatch", ["--sweep", "", "--device", "cpu", "--out", out], "--sweep"),
+            ("moebench.report", [out, "--plot", ""], "--plot"),
+            ("moebench.permute", ["--ops-impl", "torch", "--plot", ""], "--plot"),
+            ("moebench.plan", ["--ep", "8", "--results", ""], "--results"),
+            ("moebench.check", ["-t", "baseline", "--baseline", ""], "--baseline"),
+            ("moebench.megatron validate", ["validate", "--megatron-lm", "", "--dispatcher", "deepep"],
+             "--megatron-lm"),
+            ("moebench.megatron compare", ["compare", ""], "files")):
+        p = run_tool(prog.split()[0], *argv)
+        assert p.returncode == 2 and p.stdout == ""
+        assert p.stderr.splitlines() == [f"{prog}: error: {flag} is empty: give it a value"
+                                         + (", or leave it out" if flag[0] == "-" else "")]
+    assert not os.path.exists(out)
+
+
+def test_an_error_naming_a_path_with_a_newline_is_one_line(run_tool, tmp_path):
+    from moebench import cli
+    odd = tmp_path / "new\nline"
+    p = run_tool("moebench.report", str(odd / "r.jsonl"))
+    assert p.returncode == 2 and p.stderr.splitlines() == [f"moebench.report: error: {tmp_path}/new\\nline/r.jsonl: "
+                                                           "no such file"]
+    assert cli.one_line("a\tb\x00c\u2028d\x1b[31me") == "a\\tb\\x00c\\u2028d\\x1b[31me"
+    assert cli.one_line("caf\u00e9 \u65e5\u672c") == "caf\u00e9 \u65e5\u672c"          # text stays text
+
+
+def test_an_output_path_ending_in_a_slash_names_a_folder(tmp_path, capsys):
+    """`--out results/` wrote a file named `results` (the slash dropped on the way)."""
+    out = str(tmp_path / "results") + "/"
+    assert dispatch.main([*TINY, "--backend", "alltoall", "--out", out]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"moebench.dispatch: error: --out {out}: names a folder (it "
+                                                    "ends in /): give a file name"]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_bad_trace_files_are_one_line(tmp_path, capsys):

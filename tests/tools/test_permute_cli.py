@@ -41,6 +41,23 @@ def test_bad_input_exits_2(argv, capsys):
     assert len(err) == 1 and err[0].startswith("moebench.permute: ")
 
 
+@pytest.mark.parametrize("var,value,why", [
+    ("MOEBENCH_TRITON_COPY_BH", "abc", "MOEBENCH_TRITON_COPY_BH='abc': must be an integer"),
+    ("MOEBENCH_TRITON_SCAN_EB", "3", "MOEBENCH_TRITON_SCAN_EB=3: scan_eb must be a power of 2, not 3"),
+    ("MOEBENCH_TRITON_PDL", "2", "pdl must be 0 or 1, not 2"),
+    ("MOEBENCH_CUDA_UNPERMUTE_VARIANT", "x", "MOEBENCH_CUDA_UNPERMUTE_VARIANT='x': V and C must be integers"),
+    ("MOEBENCH_CUDA_PERMUTE_VARIANT", "16:4", "MOEBENCH_CUDA_PERMUTE_VARIANT='16:4': rows per CTA apply to the rows"),
+])
+def test_a_kernel_default_set_wrong_in_the_environment_is_refused_before_any_work(var, value, why, monkeypatch,
+                                                                                   capsys):
+    """Read inside the run, MOEBENCH_TRITON_COPY_BH=abc made FAIL rows that blamed the kernel (issue 50)."""
+    monkeypatch.setenv(var, value)
+    assert permute.main(["--ops-impl", "torch", "--shapes", "16x32x2x4", "--iters", "1", "--ops", "permute"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and len(cap.err.splitlines()) == 1
+    assert cap.err.startswith(f"moebench.permute: error: {var}=") and why in cap.err
+
+
 @pytest.mark.parametrize("impl,why", [("cuda@99999", "variant bits must be in"), ("cuda@16:4", "pick another copy"),
                                       ("triton@1:2:3:4:5:6:7:8:9:10:11:12:13:14", "at most 13 values")])
 def test_a_malformed_variant_is_refused_on_any_machine(impl, why, capsys):
@@ -71,6 +88,19 @@ def test_plot_title_names_the_device_and_the_path_is_printed(tmp_path, capsys):
     assert "None" not in title and "CPU" in title
     assert "NVIDIA H200" in plots.plot_permute([dict(rec, env={"gpu": "NVIDIA H200"})], 1.0,
                                          str(tmp_path / "r.png")).axes[0].get_title()
+
+
+def test_a_plot_path_matplotlib_cannot_write_is_refused_and_a_bare_name_is_that_file(run_tool, tmp_path):
+    """permute --plot x.xyz ended in matplotlib's traceback after the run; --plot NAME wrote NAME.png while it
+    said NAME (issue 50)."""
+    argv = ["--ops-impl", "torch", "--shapes", "16x32x2x4", "--iters", "1", "--ops", "permute"]
+    p = run_tool("moebench.permute", *argv, "--plot", str(tmp_path / "p.xyz"))
+    assert p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1
+    assert p.stderr.startswith(f"moebench.permute: error: --plot {tmp_path / 'p.xyz'}: matplotlib writes no .xyz file")
+    bare = tmp_path / "plot"
+    p = run_tool("moebench.permute", *argv, "--plot", str(bare))
+    assert p.returncode == 0 and f"plot written to {bare}\n" in p.stdout
+    assert bare.read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "plot.png").exists()
 
 
 def test_progress_line_per_shape_and_impl_on_stderr(capsys):

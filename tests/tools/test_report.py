@@ -177,6 +177,29 @@ def test_cli_plot_and_errors(tmp_path, capsys):
     assert report.main([]) == 2
 
 
+def test_a_plot_goes_to_exactly_the_path_named_or_is_refused_before_any_work(run_tool, tmp_path, monkeypatch):
+    """--plot NAME without a suffix is a PNG named NAME (matplotlib alone writes NAME.png, and the tool said
+    NAME); a suffix matplotlib writes no format for is refused before any work; a write that fails after the
+    run is one line and exit 1 (issue 50)."""
+    f = write(tmp_path / "r.jsonl", [rec("alltoall", T, "dispatch", median=10.0) for T in (512, 1024)])
+    bare = tmp_path / "plot"
+    p = run_tool("moebench.report", f, "--plot", str(bare))
+    assert p.returncode == 0 and f"plot: {bare}" in p.stdout
+    assert bare.read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "plot.png").exists()
+    for flag in ("--plot", "--overlap-plot"):
+        p = run_tool("moebench.report", f, flag, str(tmp_path / "p.xyz"))
+        assert p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1
+        assert p.stderr.startswith(f"moebench.report: error: {flag} ") and "writes no .xyz file" in p.stderr
+        assert not (tmp_path / "p.xyz").exists()
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr("matplotlib.figure.Figure.savefig", full)
+    p = run_tool("moebench.report", f, "--plot", str(tmp_path / "q.png"))
+    assert p.returncode == 1 and p.stderr.splitlines() == [
+        f"moebench.report: error: {tmp_path / 'q.png'}: the plot could not be written (No space left on device)"]
+
+
 def test_tables_mark_the_last_of_repeated_runs(tmp_path, capsys):
     f = tmp_path / "r.jsonl"
     write(f, [rec("deepep", 1024, "dispatch", median=200.0), rec("deepep", 1024, "dispatch", median=100.0),

@@ -1,6 +1,6 @@
 """One rank of a Megatron-LM arm: runs PATH/pretrain_gpt.py in this process and reports what ran.
 
-    python -m moebench.megatron.lm_rank --meta META.json -- PATH/pretrain_gpt.py ARGS...
+    python -m moebench.megatron.lm.rank --meta META.json -- PATH/pretrain_gpt.py ARGS...
 
 torchrun or srun starts one such process per rank (the local validation does it through torchrun;
 `megatron arm` does the same work in-process under the user's own launcher). Before pretrain_gpt.py
@@ -26,7 +26,7 @@ import sys
 import traceback
 from dataclasses import asdict, dataclass
 
-from . import lm_log
+from . import log as lm_log
 
 RANK_KEYS = ("rank", "local_rank", "world_size")     # arguments that differ between ranks by design
 ARG_FIELDS = ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_flex_dispatcher_num_sms",
@@ -48,7 +48,7 @@ class RankMeta:
 
 
 class Capture(io.TextIOBase):
-    """stdout that keeps the lines lm_log reads (iteration lines, memory reports, the argument dump)."""
+    """stdout that keeps the lines log.py reads (iteration lines, memory reports, the argument dump)."""
 
     def __init__(self, stream):
         self._s, self._part, self.lines, self._in_args = stream, "", [], False
@@ -147,7 +147,7 @@ def memory(ranks_per_gpu: int) -> dict:
         import torch
         if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
             return {"device": "cpu"}
-        from ..env.gpumem import snapshot
+        from ...env.gpumem import snapshot
         dev = torch.cuda.current_device()
         return {"device": f"cuda:{dev}", "ranks_sharing_gpu": ranks_per_gpu, **snapshot(dev)}
     except Exception as e:  # noqa: BLE001 - memory is a report, never a failure
@@ -158,14 +158,14 @@ def prepare(meta: RankMeta) -> list[str]:
     """Before pretrain_gpt.py: shared-GPU ranks, the flex backends' own setup. Returns what was changed."""
     changed = []
     if meta.ranks_per_gpu > 1:
-        from .patches import share_gpus
+        from ..patches import share_gpus
         changed += share_gpus(meta.ranks_per_gpu)
     if meta.dispatcher == "deepep":
-        from ..backends.deepep_family import deepep_flex_setup
+        from ...backends.deepep_family import deepep_flex_setup
         world = int(os.environ.get("WORLD_SIZE", "1"))
         changed += deepep_flex_setup(world, meta.hidden or 0, meta.ranks_per_gpu)
     elif meta.dispatcher == "hybridep":
-        from ..backends.deepep_family import cuda_home
+        from ...backends.deepep_family import cuda_home
         changed.append(f"CUDA_HOME={cuda_home()} (HybridEP's kernel JIT)")
     return changed
 
@@ -228,9 +228,9 @@ def finish(code: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv or argv.index("--") == len(argv) - 1:
-        sys.exit("usage: python -m moebench.megatron.lm_rank --meta META.json -- PATH/pretrain_gpt.py ARGS...")
+        sys.exit("usage: python -m moebench.megatron.lm.rank --meta META.json -- PATH/pretrain_gpt.py ARGS...")
     cut = argv.index("--")
-    p = argparse.ArgumentParser(prog="python -m moebench.megatron.lm_rank")
+    p = argparse.ArgumentParser(prog="python -m moebench.megatron.lm.rank")
     p.add_argument("--meta", required=True, help="JSON of RankMeta")
     with open(p.parse_args(argv[:cut]).meta) as f:
         meta = RankMeta(**json.load(f))

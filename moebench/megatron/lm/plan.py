@@ -13,17 +13,22 @@ import json
 import os
 from dataclasses import dataclass
 
-from ..core.megatron_map import BACKENDS, CONTROL
-from ..env.te import te_nccl_ep_problem
-from ..env import launcher
-from ..env.toolkit import dist_version, installed
-from . import flags as F
-from ..harness.placement import PlacementError, place, visible_gpus
-from .lm_arm import ArmPlan, Launch
-from .lm_args import (NO_TE_FLAGS, PRESETS, SHARED_GPU_FLAGS, Checkout, LmError, flag_value, inspect_checkout,
+from ...core.megatron_map import BACKENDS, CONTROL
+from ...env.te import te_nccl_ep_problem
+from ...env import launcher
+from ...env.toolkit import dist_version, installed
+from .. import flags as F
+from ...harness.placement import PlacementError, place, visible_gpus
+from .arm import ArmPlan, Launch
+from .args import (NO_TE_FLAGS, PRESETS, SHARED_GPU_FLAGS, Checkout, LmError, flag_value, inspect_checkout,
                       model_flags, run_flags, user_args)
 
 DEFAULT_PATHS = ("/opt/megatron-lm",)
+
+
+def checkout_source(path: str | None) -> str:
+    """Where find_checkout(path) took the checkout from, as an error names it."""
+    return "--megatron-lm" if path or not os.environ.get("MEGATRON_LM") else "$MEGATRON_LM"
 
 
 def find_checkout(path: str | None) -> str | None:
@@ -70,7 +75,7 @@ def nvlink_domain_ranks(launch: Launch) -> tuple[int, str]:
     connects (or that share one GPU); 1 where NVML says this node's GPUs have no NVLink up."""
     if launch.ranks_per_gpu > 1 or launch.device == "cpu":
         return launch.nproc_per_node, "the ranks of this node share its GPU(s)"
-    from ..env.topology import inventory
+    from ...env.topology import inventory
     gpus = inventory().gpus
     if len(gpus) > 1 and all(g.nvlinks_up == 0 for g in gpus):
         return 1, "NVML reports no NVLink up between this node's GPUs"
@@ -130,7 +135,8 @@ def plan(opts, dispatchers: list[str], joined=None) -> Plan:
     """opts: the parsed validate/arm options (megatron_lm, preset, megatron_args, iters, seed, device, ep,
     ranks_per_gpu, num_sms, overlap, ranks_per_nvlink_domain)."""
     installed_core = dist_version("megatron-core", "megatron_core")
-    ck = inspect_checkout(opts.megatron_lm, installed_core, os.environ.get("MEGATRON_LM_COMMIT"))
+    ck = inspect_checkout(opts.megatron_lm, installed_core, os.environ.get("MEGATRON_LM_COMMIT"),
+                          getattr(opts, "checkout_from", "--megatron-lm"))
     launch = make_launch(opts.device, opts.ep, opts.ranks_per_gpu, joined)
     version = ck.core_used or installed_core or "0.19.0"
     extra = user_args(opts.megatron_args)
@@ -149,6 +155,6 @@ def plan(opts, dispatchers: list[str], joined=None) -> Plan:
         argv = [ck.pretrain, *common, *fs.megatron_lm, "--expert-model-parallel-size", str(launch.ep)]
         arms.append(ArmPlan(role, d, argv, list(fs.megatron_lm), dict(fs.env), fs.asdict()))
     key = json.dumps([common, launch.asdict(), ck.path], sort_keys=True)
-    from ..env.topology import inventory
+    from ...env.topology import inventory
     topo = {"nvlink_domain_ranks": found[0], "how": found[1], "gpus": inventory().asdict()["gpus"]}
     return Plan(ck, launch, arms, hashlib.sha256(key.encode()).hexdigest()[:12], no_te, version, list(ck.notes), topo)

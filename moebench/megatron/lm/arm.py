@@ -1,9 +1,9 @@
 """One arm of a Megatron-LM validation: its command, its launch on this machine, and its record.
 
 An arm is the control (`alltoall`) or a candidate dispatcher, trained by Megatron-LM's own
-pretrain_gpt.py with exactly the flags `megatron flags` prints for it (lm_args.py builds the rest of the
+pretrain_gpt.py with exactly the flags `megatron flags` prints for it (args.py builds the rest of the
 command, the same for every arm). Locally, each launch is `torchrun --standalone` of
-`python -m moebench.megatron.lm_rank` (one process per rank) in a process group of its own, its output
+`python -m moebench.megatron.lm.rank` (one process per rank) in a process group of its own, its output
 copied to a log file, with a deadline: an arm that hangs is killed with its whole process group and
 FAILs, so the other arms still run. The record says PASS only when every iteration was logged, no
 iteration was skipped or NaN, and every rank ran the dispatcher class (and flex comm manager) asked for,
@@ -20,8 +20,8 @@ import sys
 import threading
 from dataclasses import asdict, dataclass, field
 
-from ..core.megatron_map import BACKENDS
-from . import lm_log
+from ...core.megatron_map import BACKENDS
+from . import log as lm_log
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Launch:
 
     @property
     def functional(self) -> bool:
-        from ..harness.placement import Placement
+        from ...harness.placement import Placement
         return Placement(self.device, self.world, self.ranks_per_gpu).functional
 
     def asdict(self) -> dict:
@@ -70,7 +70,7 @@ class LaunchResult:
 
 def torchrun_command(launch: Launch, meta_path: str, argv: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-            "--nproc-per-node", str(launch.nproc_per_node), "-m", "moebench.megatron.lm_rank", "--meta", meta_path,
+            "--nproc-per-node", str(launch.nproc_per_node), "-m", "moebench.megatron.lm.rank", "--meta", meta_path,
             "--", *argv]
 
 
@@ -207,8 +207,8 @@ def container_version() -> dict:
 
 def make_record(arm: ArmPlan, ctx: dict, repeat: int, order: int, res: LaunchResult, window: int, iters: int):
     """The arm's record from its launch. ctx: lm_plan.Plan.context()."""
-    from ..records.megatron import ArmRecord
-    from ..records.provenance import provenance, utc_now
+    from ...records.megatron import ArmRecord
+    from ...records.provenance import provenance, utc_now
     launch: Launch = ctx["launch"]
     ranks = res.ranks
     lines = [ln for r in ranks for ln in r.get("lines") or []] if ranks else _read(res.log)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import sys
 
-from .. import cli
-from ..core.megatron_map import BACKENDS, CONTROL
-from ..env.toolkit import installed
-from ..records import provenance, writer
-from ..records.megatron import LoopRecord
-from .flags import FlagsError
+from ... import cli
+from ...core.megatron_map import BACKENDS, CONTROL
+from ...env.toolkit import installed
+from ...records import provenance, writer
+from ...records.megatron import LoopRecord
+from ..flags import FlagsError
 
 CPU_PACE = ("on CPU the default model takes ~10 s a step with 2 ranks on 2 cores (50 steps: ~8 min per run);\n"
             "# --iters 10 --hidden 256 --heads 4 --ffn-hidden 512 --seq-length 256 --vocab 4096 takes ~3 s")
@@ -39,7 +39,7 @@ def memory_problem(spec, device: str, world: int) -> str:
     """'' when the quick loop's model fits here (a floor, counted before any rank starts: per rank, 16 bytes per
     parameter for bf16 weights, fp32 masters, gradients and Adam's two moments, plus the fp32 logits and their
     gradient, [micro_batch, seq_length, vocab] twice); else one line, so that --hidden 10^6 is no allocator FAIL."""
-    from ..harness.preflight import GiB, available_bytes
+    from ...harness.preflight import GiB, available_bytes
     H, F, L, V = spec.hidden, spec.ffn_hidden, spec.num_layers, spec.padded_vocab
     local = -(-spec.num_experts // world)
     params = 2 * V * H + L * (4 * H * H + H * spec.num_experts + 3 * local * H * F)
@@ -57,8 +57,8 @@ def memory_problem(spec, device: str, world: int) -> str:
 def environment(args, dispatcher: str, num_experts: int) -> tuple[str, int]:
     """(device type, world) from the one placement rule (harness/placement.py); FlagsError (exit 2) when this
     machine cannot run it."""
-    from ..harness.launch import join_problem, joined_env
-    from ..harness.placement import PlacementError, place, visible_gpus
+    from ...harness.launch import join_problem, joined_env
+    from ...harness.placement import PlacementError, place, visible_gpus
     if not installed("megatron.core"):
         raise FlagsError("validate needs megatron-core (pip install megatron-core)")
     joined, ngpu, rpg, cpu = joined_env(), visible_gpus(), args.ranks_per_gpu, args.device == "cpu"
@@ -93,7 +93,7 @@ def environment(args, dispatcher: str, num_experts: int) -> tuple[str, int]:
 def run_training(spec, dispatcher: str, device: str, world: int, timeout: float, ranks_per_gpu: int = 1) -> dict | None:
     """One run on every rank; its summary on rank 0 (or the sole process), None on the other ranks of a
     torchrun/srun job."""
-    from ..harness.launch import LaunchError, run_ranks
+    from ...harness.launch import LaunchError, run_ranks
     from .train import rank_train, summarize
     try:
         ranks = run_ranks(rank_train, world, device, timeout, args=(spec, dispatcher, device == "cpu"),
@@ -142,7 +142,7 @@ def cmd_quick(args, argv, dispatcher: str) -> int:
     shared = args.ranks_per_gpu > 1
     runs = [] if args.no_control or dispatcher == CONTROL else [("control", CONTROL)]
     runs.append(("candidate", dispatcher))
-    from ..harness.launch import is_lead
+    from ...harness.launch import is_lead
     lead = is_lead()
     say = print if lead else (lambda *a, **k: None)
     if device == "cpu":

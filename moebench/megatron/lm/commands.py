@@ -2,7 +2,7 @@
 
 validate  on this machine: plans the arms (the alltoall control and each candidate, lm_plan.py), then
           launches them interleaved and repeated (A B A B ...), one torchrun per launch, writes one
-          record per launch as it ends, and the verdict per candidate (lm_verdict.py).
+          record per launch as it ends, and the verdict per candidate (verdict.py).
 arm       one arm as one rank of the user's own torchrun/srun job across nodes (rank 0 writes the record);
 compare   joins the arm records of such launches and gives the verdict.
 """
@@ -14,13 +14,13 @@ import sys
 import time
 from pathlib import Path
 
-from .. import cli
-from ..core.megatron_map import CONTROL
-from ..records import provenance, reader, tables, writer
-from ..records.megatron import ARM_SCHEMA
-from . import lm_arm, lm_log, lm_plan, lm_rank
-from .lm_args import LmError, dispatcher_diff, flag_value
-from .lm_verdict import judge, vet
+from ... import cli
+from ...core.megatron_map import CONTROL
+from ...records import provenance, reader, tables, writer
+from ...records.megatron import ARM_SCHEMA
+from . import arm as lm_arm, log as lm_log, plan as lm_plan, rank as lm_rank
+from .args import LmError, dispatcher_diff, flag_value
+from .verdict import judge, vet
 
 GIB = 2 ** 30
 ARM_IDENTITY = ("validation", "dispatcher", "repeat", "order", "start_utc", "end_utc")    # one launch
@@ -199,13 +199,14 @@ def cmd_compare(args) -> int:
     twice = cli.repeated_input(args.files)
     if twice:
         raise LmError(twice)
-    recs = []
+    recs, held = [], []
     for path in args.files:
-        recs += [{**r, "_file": path} for r in reader.read_objects(path, "moebench.megatron compare")
-                 if r.get("schema") == ARM_SCHEMA]
+        objs = reader.read_objects(path, "moebench.megatron compare", verdict=True)
+        recs += [{**r, "_file": path} for r in objs if r.get("schema") == ARM_SCHEMA]
+        held += objs
     if not recs:
-        raise LmError(f"no Megatron-LM arm records in {', '.join(args.files)} (write them with `megatron arm` or "
-                      "`megatron validate`)")
+        raise LmError(f"no Megatron-LM arm records in {', '.join(args.files)} (it holds {reader.holdings(held)}; "
+                      "write them with `megatron arm` or `megatron validate`)")
     vet(recs)
     twice = repeated_arm(recs)
     if twice:

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..env.toolkit import installed
+from ...env.toolkit import installed
 
 
 class LmError(ValueError):
@@ -144,15 +144,16 @@ class Checkout:
         return self.version if self.has_core else self.installed_core
 
 
-def inspect_checkout(path: str, installed_core: str | None, commit_env: str | None = None) -> Checkout:
+def inspect_checkout(path: str, installed_core: str | None, commit_env: str | None = None,
+                     source: str = "--megatron-lm") -> Checkout:
     """The Megatron-LM checkout at `path`; LmError for one that cannot work: no pretrain_gpt.py, or no
     megatron/core of its own and an installed megatron-core of another minor version."""
     root = Path(path).expanduser()
     pre = root / "pretrain_gpt.py"
     if not root.is_dir():
-        raise LmError(f"--megatron-lm {path}: not a directory (a Megatron-LM checkout holding pretrain_gpt.py)")
+        raise LmError(f"{source} {path}: not a directory (a Megatron-LM checkout holding pretrain_gpt.py)")
     if not pre.is_file():
-        raise LmError(f"--megatron-lm {path}: no pretrain_gpt.py there (point it at a Megatron-LM checkout)")
+        raise LmError(f"{source} {path}: no pretrain_gpt.py there (point it at a Megatron-LM checkout)")
     has_core = (root / "megatron" / "core").is_dir()
     ck = Checkout(str(root.resolve()), str(pre.resolve()), _version(root), _commit(root) or commit_env, has_core,
                   installed_core)

@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..backends.deepep_family import cuda_home, deepep_flex_setup
-from ..backends.mcore import emulate_cuda_on_cpu, mcore_version, num_sms_config
-from ..core.megatron_map import BACKENDS
-from .patches import patch_megatron_without_te
+from ...backends.deepep_family import cuda_home, deepep_flex_setup
+from ...backends.mcore import emulate_cuda_on_cpu, mcore_version, num_sms_config
+from ...core.megatron_map import BACKENDS
+from ..patches import patch_megatron_without_te
 
 EXPECTED = {n: (b.dispatcher_class, b.manager_class) for n, b in BACKENDS.items()}   # classes that must run
 

@@ -24,11 +24,11 @@ import math
 import random
 import statistics
 
-from ..core.megatron_map import CONTROL
-from ..records.megatron import VerdictRecord, arm_problem
-from ..records.provenance import utc_now
-from ..records.schema import env_difference
-from .lm_args import LmError
+from ...core.megatron_map import CONTROL
+from ...records.megatron import VerdictRecord, arm_problem
+from ...records.provenance import utc_now
+from ...records.schema import env_difference
+from .args import LmError
 
 FORCED_BALANCE = "--moe-router-force-load-balancing"
 
