@@ -3,9 +3,13 @@
 # prebuilt packs of ../shared/packs carried as .ext/packs (never rebuilt here): NCCL 2.30.7, DeepEP main dd758ca
 # (V2), the `nccl` Python packages (nccl4py + nccl-extensions), and for V1 / HybridEP DeepEP hybrid-ep with
 # NVSHMEM; the megatron-core wheel as .whl (mcore-alltoall). Steps, in the order given:
-#   env      unpack the packs into /tmp (kept while the machine is warm), lay out the NCCL build for torch to load
-#            (bench/nccl_build.sh layout: one libnccl in the process), stamp the V2 build's provenance
-#            (bench/deepep_v2_build.sh stamp), export the environment the other steps and the GPU tier use
+#   v2build  (instead of the deepep-v2 pack) DeepEP main from .ext/DeepEP-main (a checkout or `git archive`)
+#            built against the NCCL build ($NB, kept in its rpath) into $V2: NVSHMEM from the image's wheel, sm_90,
+#            the system g++ (the image's Python links libstdc++ statically otherwise); the `env` step then stamps it
+#   env      unpack the packs into /tmp (kept while the machine is warm; the V2 pack unless v2build made $V2), lay
+#            out the NCCL build for torch to load (bench/nccl_build.sh layout: one libnccl in the process), stamp
+#            the V2 build's provenance ($V2/deepep_build.json: version, commit $DEEPEP_V2_COMMIT or the source's
+#            HEAD, nccl_root: every record names the build), export what the other steps and the GPU tier use
 #   ep1      the EP 1 table, T 4096 H 7168 E 256 K 8, bf16 then fp8: alltoall, mcore-alltoall (bf16), ncclep ht and
 #            ll, deepep-v2 at their default SMs (V2 on the path). DeepEP V1 and HybridEP do not run at EP 1 (the
 #            legacy intranode Buffer takes 2, 4 or 8 ranks; HybridEPBuffer segfaults at world size 1: refused)
@@ -27,14 +31,34 @@ BIG="--num-tokens 4096 --hidden 7168 --num-experts 256 --topk 8"
 SMALL="--num-tokens 64 --hidden 2048 --num-experts 16 --topk 4"
 v2() { PYTHONPATH="$V2:$PYTHONPATH" "$@"; }                   # DeepEP V2 first on the path (V1 shares its name)
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
+stamp_v2() {   # the V2 build's provenance beside its package (env/deepep.py build_info reads it)
+  V2="$V2" NB="$NB" COMMIT="${DEEPEP_V2_COMMIT:-$(git -C .ext/DeepEP-main rev-parse HEAD 2>/dev/null)}" python3 - <<'PY' \
+    | tee "$OUT/deepep-v2-build.json"
+import json, os, re
+root = os.environ["V2"]
+m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", open(os.path.join(root, "deep_ep", "__init__.py")).read(), re.M)
+info = {"tool": "bench/nextgen_h200.sh", "version": m.group(1) if m else None, "commit": os.environ["COMMIT"] or None,
+        "branch": "main", "nccl_root": os.environ["NB"]}
+json.dump(info, open(os.path.join(root, "deepep_build.json"), "w"))
+print(json.dumps(info))
+PY
+}
 for s in "$@"; do case $s in
+v2build)
+  step "build DeepEP main (V2) against NCCL at $NB"
+  [ -d $NB/lib ] || NCCL_BUILD=$NB NCCL_PIECES="$P/nccl-build.tar.xz.*" bash bench/nccl_build.sh unpack
+  rm -rf $V2 && cp -a .ext/DeepEP-main $V2 || exit 1
+  NVSHMEM=$(python3 -c "import nvidia.nvshmem, os; print(os.path.dirname(nvidia.nvshmem.__file__))" 2>/dev/null)
+  (cd $V2 && EP_NCCL_ROOT_DIR=$NB EP_NVSHMEM_ROOT_DIR="$NVSHMEM" TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=${MAX_JOBS:-16} \
+     CC=gcc CXX=g++ LDSHARED="g++ -shared" python3 setup.py build_ext --inplace) > /tmp/deepep-v2-build.log 2>&1
+  rc=$?; echo "deepep-v2 build rc=$rc"; tail -3 /tmp/deepep-v2-build.log; [ $rc = 0 ] && stamp_v2 ;;
 env)
   step "unpack the packs, lay out NCCL 2.30.7 for torch, stamp DeepEP V2"
   [ -d $NB/lib ] || NCCL_BUILD=$NB NCCL_PIECES="$P/nccl-build.tar.xz.*" bash bench/nccl_build.sh unpack
   [ -d $V2/deep_ep ] || cat $P/deepep-v2.tar.xz.* | tar -xJ -C /tmp
   [ -d $PYPKG/nccl ] || { mkdir -p $PYPKG && tar -xJf $P/ncclpy.tar.xz -C $PYPKG; }
   eval "$(NCCL_BUILD=$NB bash bench/nccl_build.sh layout)"
-  V2_BUILD=$V2 NCCL_BUILD=$NB DEEPEP_V2_COMMIT=${DEEPEP_V2_COMMIT:-dd758ca} bash bench/deepep_v2_build.sh $V2 stamp
+  [ -f $V2/deepep_build.json ] || DEEPEP_V2_COMMIT=${DEEPEP_V2_COMMIT:-dd758ca} stamp_v2   # the pack: main dd758ca
   export PYTHONPATH="$PYTHONPATH:$PYPKG" MOEBENCH_DEEPEP_V2_PATH=$V2 MOEBENCH_EXPECT_BACKENDS=ncclep,deepep-v2
   v2 python3 -c "import torch, deep_ep; from moebench.env import nccl; print('nccl', nccl.versions()); \
     import nccl.ep as ep; print('nccl.ep', ep.get_lib_version(), 'deep_ep', deep_ep.__version__)" 2>&1 | tail -3 ;;
