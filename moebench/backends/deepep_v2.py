@@ -120,9 +120,8 @@ class DeepEPV2Backend(NcclFamily):
 
     def knobs(self):
         buf = getattr(self, "buffer", None)
-        qps = {"num_qps_used": buf.get_theoretical_num_qps(self.used_sms) if buf is not None and self.used_sms and
-               not self.qps else self.qps or None,
-               "num_allocated_qps": getattr(buf, "num_allocated_qps", None)}
+        auto = buf.get_theoretical_num_qps(self.used_sms) if buf is not None and self.used_sms else None
+        qps = {"num_qps_used": self.qps or auto, "num_allocated_qps": getattr(buf, "num_allocated_qps", None)}
         return {**super().knobs(), "expand": getattr(self, "expand", None), **qps,
                 **getattr(self, "flags", {}), "libnccl": getattr(self, "nccl", None),
                 "jit_cache_dir": os.environ.get("EP_JIT_CACHE_DIR", os.path.expanduser("~/.deep_ep")),

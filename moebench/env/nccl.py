@@ -61,8 +61,7 @@ def loaded() -> dict:
     paths = mapped()
     if not paths:
         return {"none": "no libnccl is mapped in this process"}
-    v = version_of(paths[0])
-    out = {"path": paths[0], "version": ".".join(map(str, v)) if v else None}
+    out = {"path": paths[0], "version": version_text(paths[0], None)}
     if len(paths) > 1:
         out["also_mapped"] = paths[1:]
     return out
@@ -75,7 +74,8 @@ def too_old(found: dict, need: tuple[int, int, int] = NEED, who: str = "this bac
     if "none" in found:
         return f"{who} needs libnccl >= {want}: {found['none']}; {INSTALL_HINT}"
     if found.get("also_mapped"):
-        both = " and ".join(f"{p} ({version_text(p)})" for p in [found["path"], *found["also_mapped"]])
+        paths = [found["path"], *found["also_mapped"]]
+        both = " and ".join(f"{p} ({version_text(p, 'version unknown')})" for p in paths)
         return (f"{who} needs one libnccl in the process, this one maps {1 + len(found['also_mapped'])}: {both} "
                 f"(LD_PRELOAD adds one, and torch still loads its own by path); {INSTALL_HINT}")
     v = found.get("version")
@@ -86,9 +86,10 @@ def too_old(found: dict, need: tuple[int, int, int] = NEED, who: str = "this bac
     return ""
 
 
-def version_text(path: str) -> str:
+def version_text(path: str, unknown: str | None) -> str | None:
+    """'2.30.7' as the libnccl at `path` reports it; `unknown` when it cannot be asked."""
     v = version_of(path)
-    return ".".join(map(str, v)) if v else "version unknown"
+    return ".".join(map(str, v)) if v else unknown
 
 
 def versions() -> dict:

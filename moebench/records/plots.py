@@ -52,7 +52,7 @@ def _sms(r: dict) -> int:
     for key in ("num_sms", "num_sms_dispatch", "num_sms_combine"):
         if isinstance(k.get(key), int):
             return k[key]
-    sms = ((r.get("backend") or {}).get("knobs") or {}).get("num_sms")
+    sms = schema.backend_knobs(r).get("num_sms")
     return sms if isinstance(sms, int) else 0
 
 

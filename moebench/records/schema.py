@@ -87,6 +87,11 @@ def name(r: dict) -> str:
     return (r.get("backend") or {}).get("name")
 
 
+def backend_knobs(r: dict) -> dict:
+    """The knobs the record's backend ran with ({} where the record has none)."""
+    return (r.get("backend") or {}).get("knobs") or {}
+
+
 def status(r: dict) -> str | None:
     return (r.get("check") or {}).get("status")
 
@@ -191,7 +196,7 @@ MODES = ("mode",)             # backend.knobs keys that make another case, swept
 
 def knobs_of(r: dict) -> dict:
     """The knob setting a record was run with: its mode, and its sweep tag, else the tunable backend knobs."""
-    k = (r.get("backend") or {}).get("knobs") or {}
+    k = backend_knobs(r)
     tag = (r.get("sweep") or {}).get("knobs")
     return {**{n: k[n] for n in MODES if k.get(n) is not None},
             **(dict(tag) if tag else {n: v for n, v in k.items() if n in TUNABLE})}

@@ -87,13 +87,13 @@ def table_rows(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wide
 
 def label(r: dict) -> str:
     """The backend's name, with its mode where it has several (ncclep ht / ll, hybridep's)."""
-    mode = ((r.get("backend") or {}).get("knobs") or {}).get("mode")
+    mode = schema.backend_knobs(r).get("mode")
     return schema.name(r) + (f" {mode}" if isinstance(mode, str) and mode else "")
 
 
 def sms(r: dict):
     """The SMs a record's backend used (knobs num_sms_used), None where the record does not say (older ones)."""
-    return ((r.get("backend") or {}).get("knobs") or {}).get("num_sms_used")
+    return schema.backend_knobs(r).get("num_sms_used")
 
 
 def gib(r: dict) -> str:

@@ -36,7 +36,7 @@ def run(case: Case) -> dict:
         return {p: none("CPU run: no GPU kernels") for p in PHASES}
     if not b.comm_kernels:
         return {p: none(f"{b.name} names no communication kernels") for p in PHASES}
-    if getattr(b, "kernel_view", "") == "bench_kineto":
+    if b.kernel_view == "bench_kineto":
         return {p: one(case, bench_kineto(case, case.phases[p]), b.comm_kernels, kineto=True) for p in PHASES}
     return {p: one(case, case.rows.get(p) or [], b.comm_kernels) for p in PHASES}
 
