@@ -30,6 +30,14 @@ from torch import Tensor
 from . import torch_impl
 
 IMPLS = ("torch", "triton", "cuda")
+# moebench's own kernels as the profiler names them: the CUDA extension's (in an anonymous namespace, csrc/) and the
+# Triton ones (ops/triton_kernels.py), checked against the sources by a test; a timed phase's kernels are split
+# into the library's, moebench's and torch's by them (harness/views/profile.py)
+CUDA_KERNELS = ("gather_index_kernel", "permute_bulk_kernel", "permute_copy_kernel", "permute_gather_kernel",
+                "permute_rows_kernel", "route_rank_kernel", "route_scan_kernel", "sort_chunks_kernel",
+                "unpermute_kernel", "zero_pad_kernel")
+TRITON_KERNELS = ("_route_rank", "_route_scan", "_permute_copy", "_permute_copy_tma", "_permute_copy_rows",
+                  "_zero_pad", "_unpermute", "_sort_chunks")
 
 
 class Permuted(NamedTuple):
@@ -274,8 +282,20 @@ def permute(x_TH: Tensor, topk_idx_TK: Tensor, num_experts: int, *, scales_TS: T
                     out_p if probs_TK is not None else None, res[5] if counts_to_host else None)
 
 
-def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor, *, impl: str = "auto") -> Tensor:
-    """out[t] = sum_k w[t,k] * y[row_map[t,k]] over row_map >= 0, fp32 accumulation, y's dtype."""
+_UNIT: dict = {}     # (shape, device) -> unit weights: an unweighted unpermute is the weighted kernel times 1.0 (exact)
+
+
+def unpermute(y_RH: Tensor, row_map_TK: Tensor, topk_w_TK: Tensor | None, *, impl: str = "auto") -> Tensor:
+    """out[t] = sum_k w[t,k] * y[row_map[t,k]] over row_map >= 0, fp32 accumulation, y's dtype. topk_w_TK None: the
+    unweighted sum Megatron's combine is (its experts applied the probs), by the same kernel with unit weights (kept
+    per shape and device, so no call fills them)."""
+    if topk_w_TK is None:
+        key = (tuple(row_map_TK.shape), row_map_TK.device)
+        if key not in _UNIT:
+            if len(_UNIT) >= 16:        # a sweep's shapes: keep a few
+                _UNIT.clear()
+            _UNIT[key] = torch.ones(row_map_TK.shape, dtype=torch.float32, device=row_map_TK.device)
+        topk_w_TK = _UNIT[key]
     if row_map_TK.shape != topk_w_TK.shape:
         raise ValueError(f"row_map {tuple(row_map_TK.shape)} and topk_w {tuple(topk_w_TK.shape)} differ")
     return _op(torch.ops.moebench.unpermute, _unpermute_kernel)(y_RH, row_map_TK, topk_w_TK, impl)

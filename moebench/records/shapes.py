@@ -33,6 +33,9 @@ class Timing:
     rank_agg: str = "max over ranks per iteration"
     kernel_sum_us: float | None = None       # CUDA: the sum of the phase's kernels per call
     kernel_busy_us: float | None = None      # CUDA: the GPU time they cover (less than the sum where they overlap)
+    library_us: float | None = None          # CUDA: of the kernel sum, the backend library's own kernels
+    moebench_us: float | None = None         # ... moebench's kernels (its permute / unpermute)
+    torch_us: float | None = None            # ... torch's kernels and runtime copies (glue, whoever queued it)
     host_us: float | None = None             # what the median holds beyond that (None: within noise, host_note)
     host_note: str = ""
     api_minus_graph_us: float | None = None  # the host overhead a step pays without CUDA graphs
@@ -44,7 +47,8 @@ class Timing:
         return cls(timer, len(t), statistics.median(t), quantile(t, 0.10), quantile(t, 0.90), t[0], samples)
 
     def asdict(self) -> dict:
-        d = _compact(self, ("launch", "kernel_sum_us", "kernel_busy_us", "host_us", "host_note", "api_minus_graph_us"))
+        d = _compact(self, ("launch", "kernel_sum_us", "kernel_busy_us", "library_us", "moebench_us", "torch_us",
+                            "host_us", "host_note", "api_minus_graph_us"))
         d["samples_us"] = [round(x, 3) for x in self.samples_us]
         return d
 

@@ -48,13 +48,13 @@ def shorten(text: str, width: int) -> str:
 
 
 DEFAULT_VIEWS = ("api", "graph")    # the view columns a table shows without --wide
-LEGEND = ("# us: median, slowest rank; SMs: comm kernels'; algbw/busbw: (token, rank) pairs x bytes / api us, "
-          "all/remote; frac ceil: busbw/link; mem: footprint; README.md")
+LEGEND = ("# us: median, slowest rank; lib: its library's kernels; algbw/busbw: all/remote (token, rank) pairs x bytes / "
+          "api us; frac ceil: busbw/link; README.md")
 
 
 def columns(views: tuple[str, ...], wide: bool, overlap: bool) -> list[str]:
     """The dispatch table's header: api first, then the other views, api - graph where graph is shown."""
-    head = ["backend", "phase", "SMs", "api us", "p90 us", *(f"{v} us" for v in views if v != "api")]
+    head = ["backend", "phase", "SMs", "api us", "lib us", "p90 us", *(f"{v} us" for v in views if v != "api")]
     if "graph" in views:
         head.append("api-graph us")
     head += ["algbw GB/s", "busbw GB/s", *(["wirebw GB/s"] if wide else []), "frac ceil", "mem GiB"]
@@ -72,7 +72,8 @@ def table_rows(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wide
         check = schema.status(r) + (f" ({err})" if err else "")
         if t and schema.is_functional(r):      # CPU/gloo or shared-GPU ranks: the times are no measurement
             check += " [functional]"
-        row = [label(r), r["phase"], sig3(sms(r)), sig3(t.get("median_us")), sig3(t.get("p90_us")),
+        row = [label(r), r["phase"], sig3(sms(r)), sig3(t.get("median_us")), sig3(t.get("library_us")),
+               sig3(t.get("p90_us")),
                *(sig3(schema.view_us(r, v)) for v in views if v != "api")]
         if "graph" in views:
             row.append(sig3(t.get("api_minus_graph_us")))
@@ -131,7 +132,7 @@ def soak_lines(records: list[dict]) -> list[str]:
             g = s.get("graph") or {}
             graph = f"; graph replays: {g['corrupted']} of {g['replays']} wrong" if "replays" in g else ""
             err = f": {shorten(schema.error(r), 100)}" if schema.error(r) else ""
-            out.append(f"# soak {schema.name(r)}: {schema.status(r)} {s['summary']}{graph}{err}")
+            out.append(f"# soak {label(r)}: {schema.status(r)} {s['summary']}{graph}{err}")
     return out
 
 

@@ -90,8 +90,9 @@ def test_comm_kernel_sum_takes_only_named_kernels():
             {"kernel": "ncclDevKernel_Reduce", "us_per_iter": 2.5}]
     us, hit = kernel.comm_kernel_us(rows, ("nccl",))
     assert us == 12.5 and hit == ["ncclDevKernel_SendRecv", "ncclDevKernel_Reduce"]
-    assert profile.host_split(20.0, KernelProfile(rows, None)) == {"kernel_sum_us": 17.5, "kernel_busy_us": None,
-                                                                  "host_us": 2.5}
+    assert profile.host_split(20.0, KernelProfile(rows, None)) == {
+        "kernel_sum_us": 17.5, "kernel_busy_us": None, "library_us": 17.5, "moebench_us": 0.0, "torch_us": 0.0,
+        "host_us": 2.5}
     # kernels that overlap (programmatic dependent launches) cover less GPU time than their sum: the host time
     # is what the median holds beyond the time they cover
     assert profile.host_split(20.0, KernelProfile(rows, 15.0))["host_us"] == 5.0
@@ -176,3 +177,35 @@ def test_graph_phase_spans_pair_each_calls_marks():
     assert spans == {"dispatch": [(0, 1), (4, 5), (8, 9)], "combine": [(2, 3), (6, 7), (10, 11)]}
     with pytest.raises(AssertionError):
         graph.phase_spans(marks[:-1])
+
+
+def test_kernels_are_told_apart_by_owner():
+    """The api split (library / moebench / torch): moebench's CUDA and Triton kernels by name, torch's kernels and
+    copies whoever queued them, the rest the library's; TE's Triton `_unpermute_kernel` is not moebench's."""
+    own = {"void (anonymous namespace)::permute_rows_kernel<false, true>((anonymous namespac": "moebench",
+           "_unpermute": "moebench", "moebench::permute": "moebench", "_unpermute_kernel": "library",
+           "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl<at::nati": "torch",
+           "void at::native::index_elementwise_kernel<128, 4, at::native::index_copy_kernel_": "torch",
+           "Memcpy DtoH (Device -> Pageable)": "torch", "nccl_ep_jit_ht_combine_kernel": "library",
+           "void deep_ep::elastic::dispatch_impl<true, true, false, 132, 4, 15, 1, 14336, 0,": "library"}
+    assert {k: profile.owner(k) for k in own} == own
+    rows = [{"kernel": k, "us_per_iter": float(i + 1)} for i, k in enumerate(own)]
+    assert profile.split(rows) == {"library_us": 4 + 8 + 9, "moebench_us": 1 + 2 + 3, "torch_us": 5 + 6 + 7}
+
+
+def test_moebench_kernel_names_match_its_sources():
+    """ops.CUDA_KERNELS are the extension's __global__ functions; ops.TRITON_KERNELS the @triton.jit functions a
+    launch names (the others are helpers the kernels call)."""
+    import re
+    from pathlib import Path
+
+    import moebench
+    from moebench import ops
+    root = Path(moebench.__file__).parent
+    cuda = "".join(p.read_text() for p in (root / "csrc").glob("*.cu*"))
+    assert set(ops.CUDA_KERNELS) == set(re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(",
+                                                   cuda))
+    triton = (root / "ops" / "triton_kernels.py").read_text()
+    jit = set(re.findall(r"@triton\.jit\s*\ndef (\w+)", triton))
+    helpers = {f for f in jit if re.search(rf"[^f]\b{f}\(", triton.replace(f"def {f}(", ""))}
+    assert set(ops.TRITON_KERNELS) == jit - helpers and helpers == {"_copy_probs", "_copy_scales", "_slot_rows"}

@@ -19,10 +19,12 @@ def test_sig3_keeps_three_significant_digits():
 
 
 def test_dispatch_table_and_sweep_line_show_small_figures():
-    row = tables.table_rows([rec(frac_of_ceiling=-0.00213)])[0]           # SMs, api, p90, graph, api-graph
-    assert row[2:10] == ["-", "1230", "0.500", "-", "-", "0.0213", "0.0107", "-0.00213"]
+    row = tables.table_rows([rec(frac_of_ceiling=-0.00213)])[0]           # SMs, api, lib, p90, graph, api-graph
+    assert row[2:11] == ["-", "1230", "-", "0.500", "-", "-", "0.0213", "0.0107", "-0.00213"]
     wide = tables.table_rows([rec(frac_of_ceiling=-0.00213)], ("api", "cached", "kernel", "graph"), wide=True)[0]
-    assert wide[3:13] == ["1230", "0.500", "-", "-", "-", "-", "0.0213", "0.0107", "0.0851", "-0.00213"]
+    assert wide[3:14] == ["1230", "-", "0.500", "-", "-", "-", "-", "0.0213", "0.0107", "0.0851", "-0.00213"]
+    lib = {**rec(), "timing": {"median_us": 1234.5, "p90_us": 0.5, "library_us": 321.0}}
+    assert tables.table_rows([lib])[0][3:5] == ["1230", "321"]           # the library's share beside the api figure
 
 
 def test_the_table_names_each_backends_sms_and_mode():
