@@ -104,6 +104,54 @@ def run_tool(capsys):
     return run
 
 
+# ---- what a timed call runs through torch ------------------------------------------------------------
+GLUE = ("mul", "index", "index_select", "gather", "index_copy", "index_put", "nonzero", "masked_select", "cat",
+        "_to_copy", "copy", "where", "scatter", "scatter_add", "repeat_interleave")   # elementwise, gather, scatter
+
+
+class TorchOps:
+    """The torch ops a block runs (aten's, by name, in order), as a profiler of glue: a call made `opaque` (a library's
+    entry point, moebench's own ops) is listed as one op under its name and what it runs inside is its own work, left
+    out. `glue()`: the ops of GLUE among them (elementwise math, gathers, scatters, copies, dtype conversions)."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        self.ops, self.depth = [], 0
+        outer = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if not outer.depth:
+                    outer.ops.append(func.overloadpacket.__name__.rstrip("_"))
+                return func(*args, **(kwargs or {}))
+        self.mode = Mode()
+
+    def opaque(self, owner, *names, label: str = ""):
+        """owner.NAME (for each name) runs as one op, listed as label + NAME; patched for good (a rank process)."""
+        for n in names:
+            def call(*a, _fn=getattr(owner, n), _name=label + n, **k):
+                if not self.depth:
+                    self.ops.append(_name)
+                self.depth += 1
+                try:
+                    return _fn(*a, **k)
+                finally:
+                    self.depth -= 1
+            setattr(owner, n, call)
+        return self
+
+    def run(self, fn):
+        """fn() under the recorder: (its result, the ops it ran)."""
+        start = len(self.ops)
+        with self.mode:
+            out = fn()
+        return out, self.ops[start:]
+
+    @staticmethod
+    def glue(ops: list[str]) -> list[str]:
+        return [o for o in ops if o in GLUE]
+
+
 # ---- Triton ------------------------------------------------------------------------------------------
 class LaunchSpy:
     """Stands in for a Triton kernel launched as kernel[grid](...); counts launches."""
@@ -171,6 +219,25 @@ class FlakyCombine(AlltoallBackend):
             out = out.clone()
             out[3] = out[3] * 2 + 1
         return out
+
+
+class WeighsTwice(AlltoallBackend):
+    """Weighs the expert rows in combine as well (unpermute with the routing weights), though the experts applied the
+    probs dispatch handed them: a backend still built for the old contract."""
+    name = "test-weighs-twice"
+
+    def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
+        self._w = topk_w_TK
+        return super().dispatch(x_TH, topk_idx_TK, topk_w_TK, scales_TS)
+
+    def combine(self, y_RH, handle):
+        from moebench import ops
+        unweighted = ops.unpermute
+        ops.unpermute = lambda y, row_map, w, impl="auto": unweighted(y, row_map, self._w.float(), impl=impl)
+        try:
+            return super().combine(y_RH, handle)
+        finally:
+            ops.unpermute = unweighted
 
 
 class CrashesInSoak(AlltoallBackend):

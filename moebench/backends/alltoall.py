@@ -4,7 +4,8 @@ dispatch: permute rows (and their routing weights, one launch) by global expert 
 rank) -> exchange per-expert counts ->
 one host sync for the splits -> all_to_all_single of the rows, then of the probs -> sort the
 received (source rank, local expert) chunks into (local expert, source rank) order.
-combine mirrors it: inverse chunk sort -> all_to_all_single back -> weighted unpermute.
+combine mirrors it: inverse chunk sort -> all_to_all_single back -> unpermute, an unweighted sum (the experts applied
+the permuted probs dispatch handed them, as Megatron's `combine_postprocess` calls `unpermute` without probs).
 It sends one copy per (token, expert), so its wire bytes exceed the deduplicated pairs.
 
 No work that does nothing: with one rank or one local expert the chunk order is already expert-major,
@@ -21,13 +22,12 @@ import torch
 import torch.distributed as dist
 
 from .. import ops
-from .base import NCCL_SMS, OPS_IMPL, Backend, Dispatched
+from .base import OPS_IMPL, Backend, Dispatched, exchange_sms
 
 
 @dataclass
 class _Handle:
     row_map_TK: torch.Tensor
-    topk_w_TK: torch.Tensor
     input_splits: list[int]      # rows sent to each rank
     output_splits: list[int]     # rows received from each rank
     recv_counts_WL: torch.Tensor  # rows received per (source rank, local expert), on the device
@@ -49,7 +49,7 @@ class AlltoallBackend(Backend):
         self.to_rank_major = torch.tensor([j * W + s for s in range(W) for j in range(L)], device=device)
 
     def sms_used(self):
-        return NCCL_SMS
+        return exchange_sms(self.group)
 
     def knobs(self):
         ops_used = {op: (ops.best_impl(self.device, op) if self.impl == "auto" else self.impl)
@@ -90,7 +90,7 @@ class AlltoallBackend(Backend):
             recv_counts = send_counts
             tokens_per_expert = p.tokens_per_expert_host
             in_splits = out_splits = [p.x_RH.shape[0]]
-        handle = _Handle(p.row_map_TK, topk_w_TK, in_splits, out_splits, recv_counts)
+        handle = _Handle(p.row_map_TK, in_splits, out_splits, recv_counts)
         return self._exchange(p, handle, tokens_per_expert)
 
     def _exchange(self, p: ops.Permuted, h: _Handle, tokens_per_expert) -> Dispatched:
@@ -113,7 +113,7 @@ class AlltoallBackend(Backend):
             chunks = handle.recv_counts_WL.t().reshape(-1)
             y_RH = ops.sort_chunks_by_idxs(y_RH, chunks, self.to_rank_major, impl=self.impl)
         back = self._a2a(y_RH, sum(handle.input_splits), handle.input_splits, handle.output_splits)
-        return ops.unpermute(back, handle.row_map_TK, handle.topk_w_TK, impl=self.impl)
+        return ops.unpermute(back, handle.row_map_TK, None, impl=self.impl)
 
     def dispatch_known(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, h: _Handle, tokens_per_expert) -> Dispatched:
         """The dispatch with the checked dispatch's splits known: the permute into the send buffer (its row

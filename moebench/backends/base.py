@@ -1,7 +1,7 @@
 """Backend protocol and registry.
 
-A backend moves tokens to the ranks that hold their experts (dispatch) and brings the expert
-outputs back as a weighted sum (combine). One module per backend; the registry maps Megatron's
+A backend moves tokens to the ranks that hold their experts (dispatch), each row with its routing prob, and
+brings the expert outputs back as each token's sum (combine; the experts applied the probs, as Megatron's do). One module per backend; the registry maps Megatron's
 names to "module:Class" strings so that heavy packages (deep_ep, megatron.core) are imported only
 when that backend is asked for.
 """
@@ -50,17 +50,22 @@ REGISTRY.update(_plugins(os.environ.get(PLUGIN_ENV, "")))
 class Dispatched:
     """What dispatch hands to the local experts.
 
-    x_RH: received rows grouped by local expert (expert 0's rows first), bf16 or fp8.
+    x_RH: received rows grouped by local expert (expert 0's rows first), bf16 or fp8; with `slots`, the library's
+        slot tensor [L, M, H] as it is (expert j's rows are x_RH[j, :tokens_per_expert[j]]).
     tokens_per_expert: rows per local expert (host list or a device tensor of length L).
     handle: whatever combine needs to send rows back; opaque to the harness.
-    scales_RS: fp32 per-128 scales when x_RH is fp8.
-    probs_R: routing weight of each received row, when the backend carries them.
+    scales_RS: fp32 per-128 scales when x_RH is fp8 ([L, M, S] with `slots`).
+    probs_R: routing weight of each received row as the library carried it (Megatron's experts apply it); None
+        where the library weighs in its combine kernel instead (Backend.probs_in_combine).
+    slots: x_RH is a low-latency slot layout (DeepEP's and NCCL EP's), which experts read as it is (a masked grouped
+        GEMM over the per-expert counts); the oracle gathers the rows, outside any timed region.
     """
     x_RH: torch.Tensor
     tokens_per_expert: Any
     handle: Any = None
     scales_RS: torch.Tensor | None = None
     probs_R: torch.Tensor | None = None
+    slots: bool = False
 
 
 def routing_map_and_probs(topk_idx_TK: torch.Tensor, topk_w_TK: torch.Tensor, num_experts: int):
@@ -100,6 +105,15 @@ class Knob:
 
 
 NCCL_SMS = "nccl"    # sms_used() of the NCCL all-to-all paths: NCCL picks its channels (one CTA each) per call
+
+
+def exchange_sms(group) -> str | None:
+    """sms_used() of a path that exchanges through torch.distributed: NCCL's channels ("nccl"), the group's backend
+    where it uses no SMs ("gloo": the host), None with one rank (no exchange runs)."""
+    if group is None or torch.distributed.get_world_size(group) == 1:
+        return None
+    backend = torch.distributed.get_backend(group)
+    return NCCL_SMS if backend == "nccl" else backend
 OPS_IMPL = Knob(choices=("auto", *IMPLS))    # moebench's local permute / unpermute (auto: the fastest per op)
 SWITCH = Knob(choices=(0, 1))
 
@@ -138,6 +152,11 @@ class Backend:
     no_cached_view: ClassVar[str] = "this backend has no call that reuses the dispatch handle"
     no_graph_view: ClassVar[str] = "this backend has no dispatch without a host sync (nothing to capture)"
     KNOBS: ClassVar[dict[str, Knob]] = {}             # the knob names this backend reads, and their values
+    # Where the routing probs are applied. "" (every training path): dispatch hands them to the experts (probs_R), the
+    # experts multiply them in, and combine is an unweighted sum (Megatron-Core 0.19, moe_layer.py
+    # routed_experts_compute, experts.py bias_act_func). Else how the library weighs in its own combine kernel (the
+    # low-latency modes, whose dispatch carries no probs): the experts then leave them out.
+    probs_in_combine: ClassVar[str] = ""
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -178,8 +197,15 @@ class Backend:
         raise NotImplementedError
 
     def combine(self, y_RH: torch.Tensor, handle) -> torch.Tensor:
-        """Weighted sum of expert outputs back to [T, H] bf16."""
+        """Each token's expert outputs summed back to [T, H] bf16 (the experts applied the probs; unless
+        probs_in_combine, no weight is applied here)."""
         raise NotImplementedError
+
+    def expert_buffer(self, d: Dispatched) -> torch.Tensor | None:
+        """Where the experts write their output so that combine reads it with no copy (Megatron's NCCL EP zero-copy,
+        the low-latency slots): a tensor of d.x_RH's rows (or slots) in bf16, or None when the experts return a
+        tensor of their own. Combine is then given this tensor."""
+        return None
 
     def extra_phases(self, x_TH, topk_idx_TK, topk_w_TK) -> dict:
         """Other timed phases as {phase: zero-arg callable}, e.g. DeepEP's layout."""

@@ -4,10 +4,10 @@ mode (the helpers of the DeepEP family are in backends/deepep_family.py).
 Normal mode (`deepep`): get_dispatch_layout -> dispatch -> local grouping. DeepEP returns each
 received token once per rank, with `recv_topk_idx` holding local expert ids (-1 elsewhere), not
 grouped by expert: moebench groups the rows with `ops.permute` on those ids (Megatron does the
-same permute after `fused_dispatch`). DeepEP's combine is an unweighted sum over ranks, so the
-weights are applied before it, during the local unpermute (`ops.unpermute` with the received top-k
-weights). The layout is also timed as its own phase (`layout`); `dispatch` includes it, as in
-Megatron's FusedDispatch. fp8 travels as (e4m3 [T,H], fp32 scales [T,H/128]). `--num-sms` sets
+same permute after `fused_dispatch`), each row with its received top-k weight, which the experts apply.
+DeepEP's combine is an unweighted sum over ranks, given each received token's unweighted sum over its local
+experts (`ops.unpermute` without weights: Megatron's `combine_preprocess`). The layout is also timed as its
+own phase (`layout`); `dispatch` includes it, as in Megatron's FusedDispatch. fp8 travels as (e4m3 [T,H], fp32 scales [T,H/128]). `--num-sms` sets
 `Buffer.set_num_sms` (even; default 20, Megatron's default too). Timing view `cached`: dispatch
 with the checked dispatch's `handle=` and the same Config (no layout, no notify, no CPU wait), as
 tests/test_intranode.py times it, then the same local grouping; view `graph`: those calls captured.
@@ -34,7 +34,7 @@ from .deepep_family import (
     import_deep_ep,
     new_buffer,
     recv_room_bytes,
-    weighted_rows,
+    unpermuted_rows,
 )
 
 # get_dispatch_config's table (2..160, no 48/96) intersected with the kernels' SWITCH_RANKS (2/4/8 in a node)
@@ -128,7 +128,8 @@ class DeepEPBackend(Backend):
                           g.probs_R)
 
     def combine(self, y_RH, handle: _Handle):
-        out = self.buffer.combine(weighted_rows(y_RH, handle.grouped, self.impl), handle.native, config=self.configs[1])
+        out = self.buffer.combine(unpermuted_rows(y_RH, handle.grouped, self.impl), handle.native,
+                                  config=self.configs[1])
         return out[0]
 
     def extra_phases(self, x_TH, topk_idx_TK, topk_w_TK):

@@ -83,26 +83,24 @@ class Grouped:
     x_RH: torch.Tensor
     scales_RS: torch.Tensor | None
     row_map_NK: torch.Tensor       # int32: grouped row of received slot (n, k), -1 elsewhere
-    weights_NK: torch.Tensor       # fp32 received top-k weights (0 where not local)
-    probs_R: torch.Tensor
+    probs_R: torch.Tensor          # fp32: the received top-k weight of each grouped row (what the experts apply)
     tokens_per_expert: torch.Tensor
 
 
 def group_by_local_expert(x_NH, local_idx_NK, weights_NK, num_local: int, scales_NS=None,
                           num_rows: int | None = None, impl: str = "auto") -> Grouped:
-    """Received tokens (one row per token) -> rows grouped by local expert, stable by token.
-    local_idx_NK holds local expert ids in [0, L) or -1; num_rows, when the backend already knows
-    the count, spares the device->host wait."""
-    w = torch.where(local_idx_NK >= 0, weights_NK.float(), 0.0)
+    """Received tokens (one row per token) -> rows grouped by local expert, stable by token, each with its received
+    weight (Megatron's `dispatch_postprocess` permute with probs). local_idx_NK holds local expert ids in [0, L) or
+    -1 (whose weights are never read); num_rows, when the backend already knows the count, spares the device->host wait."""
     p = ops.permute(x_NH, local_idx_NK, num_local, scales_TS=scales_NS, impl=impl, num_out_rows=num_rows,
-                    probs_TK=w)
-    return Grouped(p.x_RH, p.scales_RS, p.row_map_TK, w, p.probs_R, p.tokens_per_expert)
+                    probs_TK=weights_NK)               # the permute reads only the slots of local experts
+    return Grouped(p.x_RH, p.scales_RS, p.row_map_TK, p.probs_R, p.tokens_per_expert)
 
 
-def weighted_rows(y_RH, g: Grouped, impl: str = "auto") -> torch.Tensor:
-    """Per received token: sum over its local experts of weight * expert output ([N, H], y's dtype).
-    This is what DeepEP/HybridEP's unweighted combine must be given."""
-    return ops.unpermute(y_RH[: g.x_RH.shape[0]], g.row_map_NK, g.weights_NK, impl=impl)
+def unpermuted_rows(y_RH, g: Grouped, impl: str = "auto") -> torch.Tensor:
+    """Per received token: the sum of its local experts' output rows ([N, H], y's dtype), unweighted (the experts
+    applied the probs): Megatron's `combine_preprocess` unpermute, what DeepEP's / HybridEP's combine is given."""
+    return ops.unpermute(y_RH[: g.x_RH.shape[0]], g.row_map_NK, None, impl=impl)
 
 
 def recv_room_bytes(w) -> int:

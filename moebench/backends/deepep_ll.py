@@ -1,11 +1,13 @@
 """`deepep-ll`: DeepEP's legacy `deep_ep.Buffer` in low-latency mode (needs a DeepEP built with NVSHMEM).
 
-Low-latency mode (`deepep-ll`): low_latency_dispatch returns [L, max_tokens*R, H] per local expert
-with counts; moebench compacts it to grouped rows and, in combine, writes the expert outputs back
-into the received slots of one [L, max_tokens*R, H] buffer allocated at setup (the kernel reads only
-the received slots) before low_latency_combine, which applies the top-k weights itself. Timing view
-`cached`: low_latency_dispatch as tests/test_low_latency.py times it, then the same gather of the
-received rows; view `graph`: a dispatch + combine pair captured (graph_plan). LL sends one copy per
+Low-latency mode (`deepep-ll`): low_latency_dispatch returns [L, max_tokens*R, H] slots per local expert
+with counts, which is what DeepEP's low-latency users hand their experts (a masked grouped GEMM over the
+counts): dispatch returns the slots as they are (Dispatched.slots), the experts write their outputs into
+the slots of one [L, max_tokens*R, H] buffer allocated at setup (expert_buffer; the kernel reads only the
+received slots), and combine is low_latency_combine of that buffer, which applies the top-k weights in
+its kernel (its dispatch carries none: probs_in_combine). No gather, scatter or host wait is timed.
+Timing view `cached`: low_latency_dispatch as tests/test_low_latency.py times it; view `graph`: a
+dispatch + combine pair captured (graph_plan). LL sends one copy per
 (token, expert) (dedup False), needs NVSHMEM, and runs bf16 here: its fp8 quantizes inside the
 kernel, so its payload is not the oracle's. With ranks sharing a GPU it runs as well (NVSHMEM's P2P
 transport reaches a PE on the same device), functional only like every shared-GPU figure.
@@ -38,7 +40,6 @@ class _LLHandle:
     native: object
     topk_idx: torch.Tensor
     topk_w: torch.Tensor
-    rows_R: torch.Tensor           # flat [L*M] slot of each grouped row (found once, in dispatch)
 
 
 def ll_qp_depth(num_tokens: int) -> int:
@@ -66,6 +67,8 @@ class DeepEPLowLatencyBackend(DeepEPBackend):
     supports_fp8 = False
     timed_phases = ("dispatch", "combine")
     comm_kernels = ("internode_ll::dispatch", "internode_ll::combine")   # test_low_latency's 'dispatch', 'combine'
+    probs_in_combine = ("DeepEP's low_latency_combine weighs each expert row by topk_weights in its kernel (its "
+                        "dispatch carries no weights)")
 
     @classmethod
     def buffer_bytes(cls, w):
@@ -121,34 +124,26 @@ class DeepEPLowLatencyBackend(DeepEPBackend):
     def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
         idx = topk_idx_TK.to(self.idx_dtype)
         recv_x, recv_count, handle, _, _ = self._raw(x_TH, idx)
-        M = recv_x.shape[1]
-        mask = torch.arange(M, device=recv_x.device)[None, :] < recv_count[:, None]
-        rows = mask.view(-1).nonzero().squeeze(1)      # the one device->host wait; combine needs none
-        return Dispatched(recv_x.flatten(0, 1)[rows], recv_count.tolist(),
-                          _LLHandle(handle, idx, topk_w_TK.float(), rows))
+        return Dispatched(recv_x, recv_count, _LLHandle(handle, idx, topk_w_TK.float()), slots=True)
 
-    def _fill(self, y_RH, handle: _LLHandle) -> torch.Tensor:
-        buf = self.combine_in
-        buf.view(-1, buf.shape[-1])[handle.rows_R] = y_RH[: handle.rows_R.shape[0]]
-        return buf
+    def expert_buffer(self, d):
+        return self.combine_in
 
-    def combine(self, y_RH, handle: _LLHandle):
-        return self.buffer.low_latency_combine(self._fill(y_RH, handle), handle.topk_idx, handle.topk_w,
-                                               handle.native)[0]
+    def combine(self, y_LMH, handle: _LLHandle):
+        """low_latency_combine of the slots the experts wrote (expert_buffer); it weighs them itself."""
+        return self.buffer.low_latency_combine(y_LMH, handle.topk_idx, handle.topk_w, handle.native)[0]
 
     def extra_phases(self, x_TH, topk_idx_TK, topk_w_TK):
         return {}
 
     def cached_phases(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
-        """test_low_latency's timed dispatch, low_latency_dispatch, then the received rows gathered from their
-        slots (which slots hold rows follows from the counts, the same on every call of this routing); the
-        combine is the api call (the expert outputs into their slots, low_latency_combine)."""
+        """test_low_latency's timed dispatch, low_latency_dispatch (the routing converted once); the combine is the
+        api call."""
         h: _LLHandle = d.handle
 
         def dispatch():
-            recv_x, _, native, _, _ = self._raw(x_TH, h.topk_idx)
-            return Dispatched(recv_x.flatten(0, 1)[h.rows_R], d.tokens_per_expert, _LLHandle(native, h.topk_idx,
-                                                                                             h.topk_w, h.rows_R))
+            recv_x, recv_count, native, _, _ = self._raw(x_TH, h.topk_idx)
+            return Dispatched(recv_x, recv_count, _LLHandle(native, h.topk_idx, h.topk_w), slots=True)
         return {"dispatch": dispatch, "combine": lambda: self.combine(y_RH, h)}
 
     def graph_plan(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
@@ -157,19 +152,17 @@ class DeepEPLowLatencyBackend(DeepEPBackend):
         the correctness expert between the two; the pair keeps DeepEP's double-buffer parity."""
         h: _LLHandle = d.handle
         factor = expert_factors(torch.distributed.get_rank(self.group), self.w, self.device, torch.bfloat16)
-        slots_in = torch.empty_like(self.combine_in)
+        slots_in = torch.empty_like(self.combine_in)       # the api's expert output (combine_in) stays as it is
 
         def dispatch():
             recv_x, _, native, _, _ = self._raw(x_TH, h.topk_idx)
-            return Dispatched(recv_x.flatten(0, 1)[h.rows_R], d.tokens_per_expert, (native, recv_x))
+            return Dispatched(recv_x, d.tokens_per_expert, _LLHandle(native, h.topk_idx, h.topk_w), slots=True)
 
         def between(dg):
-            torch.mul(dg.handle[1], factor[:, None, None], out=slots_in)
+            torch.mul(dg.x_RH, factor[:, None, None], out=slots_in)
 
-        def combine(dg):
-            return self.buffer.low_latency_combine(slots_in, h.topk_idx, h.topk_w, dg.handle[0])[0]
-        return GraphPlan("low-latency dispatch + combine (no host sync), captured as a pair", dispatch, combine,
-                         between)
+        return GraphPlan("low-latency dispatch + combine (no host sync), captured as a pair", dispatch,
+                         lambda dg: self.combine(slots_in, dg.handle), between)
 
     def native_bytes(self, d):
         """None: the LL receive tensor is padded ([L, max_tokens * R, H]), so recv_x.numel() is no byte

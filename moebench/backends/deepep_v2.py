@@ -3,18 +3,19 @@ windows instead of NVSHMEM for its own kernels, which it compiles at run time wi
 has a path to it (`deepepv2` exists only on Megatron-LM's dev branch).
 
 dispatch(x, topk_idx, topk_weights, num_experts, num_max_tokens_per_rank): each token reaches a rank once, rows
-ordered by source rank, with local expert ids (-1 elsewhere); moebench groups them by local expert with ops.permute
-and weighs the expert outputs back per received row before combine, which is a plain sum (as `deepep`). Knob
+ordered by source rank, with local expert ids (-1 elsewhere) and the received top-k weights; moebench groups them by
+local expert with ops.permute, each row with its weight, which the experts apply (Megatron's dispatch_postprocess),
+and sums each received token's expert rows, unweighted, before combine, which is a plain sum (as `deepep`). Knob
 `expand=1` instead lets DeepEP expand in its kernel (`do_expand`: one row per (token, local expert), grouped per
-expert), as its test's "expanded dispatch"; with alignment 1, since DeepEP returns only the padded per-expert counts
-and the oracle needs the true ones. fp8 travels as (e4m3 [T,H], fp32 scales
+expert, with its weight), as its test's "expanded dispatch"; the experts' rows then go to combine as they are; with
+alignment 1, since DeepEP returns only the padded per-expert counts and the oracle needs the true ones. fp8 travels as (e4m3 [T,H], fp32 scales
 [T,H/128]), the scale form its tests use, so the oracle checks rows and scales bit for bit.
 
 Timing, as tests/elastic/test_ep.py: it times kernels only (bench_kineto: the L2 flushed and the ranks met with
 buffer.barrier() behind a ~10 ms sleep kernel before each call; dispatch = `dispatch_impl`, combine =
 `combine_impl`, the copy and reduce epilogues reported apart): the `kernel` view, timed so (`kernel_view`). Combine
 passes the received top-k weights, as its test does (DeepEP carries them back beside the rows: they are part of its
-combine bytes; moebench weighs the rows itself). `cached`: dispatch with the checked dispatch's handle (no CPU
+combine bytes; it does not apply them). `cached`: dispatch with the checked dispatch's handle (no CPU
 sync) and the SMs that dispatch used, as its "cached dispatch" (DeepEP refuses a cached expanded dispatch). Byte
 rule of its test (`traffic.deepep_v2_row_bytes`, checked against native_bytes): received (token, rank) rows, local
 included, x their payload plus scales plus the top-k ids (int64) and weights (fp32) it sends along. Knobs are what
@@ -28,7 +29,6 @@ Legend: T tokens, H hidden, K top-k, L local experts, N received tokens, R group
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -37,9 +37,9 @@ import torch
 from ..core import traffic
 from ..core.reference import counts
 from ..core.workload import WorkloadError
-from ..env.toolkit import dist_version, installed
+from ..env.toolkit import dist_version, installed, package_file
 from .base import OPS_IMPL, SWITCH, Dispatched, Knob, Unavailable
-from .deepep_family import Grouped, group_by_local_expert, weighted_rows
+from .deepep_family import Grouped, group_by_local_expert, unpermuted_rows
 from .nccl_family import GIN_ENV, GIN_NOTE, NcclFamily, native_output
 
 INSTALL = ("install DeepEP V2 (deepseek-ai/DeepEP main, or branch epv2-release) in its own environment: it needs NCCL "
@@ -75,9 +75,7 @@ class DeepEPV2Backend(NcclFamily):
         """deep_ep installed and V2 (its package holds buffers/elastic.py), read from the files: never imported here."""
         if not installed("deep_ep"):
             return False, f"deep_ep not installed; {INSTALL}"
-        spec = importlib.util.find_spec("deep_ep")
-        roots = list(spec.submodule_search_locations or []) if spec else []
-        if not any(os.path.isfile(os.path.join(r, "buffers", "elastic.py")) for r in roots):
+        if package_file("deep_ep", "buffers/elastic.py") is None:
             return False, (f"deep_ep here is V1 ({dist_version('deep_ep', 'deep-ep') or 'no version'}, no "
                            f"deep_ep/buffers/elastic.py: no ElasticBuffer); {INSTALL}")
         return True, ""
@@ -142,7 +140,7 @@ class DeepEPV2Backend(NcclFamily):
         recv_x, recv_s = recv if isinstance(recv, tuple) else (recv, None)
         if self.expand:                     # grouped per local expert by DeepEP
             counts = list(native.num_recv_tokens_per_expert_list)
-            return Dispatched(recv_x, counts, _Handle(native, None, None, recv_w, recv_x.shape[0]), recv_s)
+            return Dispatched(recv_x, counts, _Handle(native, None, None, recv_w, recv_x.shape[0]), recv_s, recv_w)
         g = group_by_local_expert(recv_x, recv_idx, recv_w, w.local_experts, recv_s, impl=self.impl)
         row_bytes = sum(t.element_size() * t.shape[1] for t in (recv_x, recv_s, recv_idx, recv_w) if t is not None)
         return Dispatched(g.x_RH, g.tokens_per_expert, _Handle(native, g, recv_idx, recv_w, recv_x.shape[0], row_bytes),
@@ -155,10 +153,9 @@ class DeepEPV2Backend(NcclFamily):
         return out
 
     def _combine(self, y_RH, h: _Handle):
-        if h.grouped is None:               # expanded rows: weigh each, DeepEP sums them per token
-            rows = (y_RH[: h.rows].float() * h.recv_w[:, None]).to(torch.bfloat16)
-        else:
-            rows = weighted_rows(y_RH, h.grouped, self.impl)
+        # expanded rows go back as the experts wrote them (DeepEP sums them per token); else each received token's
+        # expert rows summed first (Megatron's combine_preprocess unpermute)
+        rows = y_RH[: h.rows] if h.grouped is None else unpermuted_rows(y_RH, h.grouped, self.impl)
         # the received weights travel back beside the rows, as test_ep.py's combine passes them (not applied there)
         return self.buffer.combine(rows, h.native, topk_weights=h.recv_w)[0]
 
@@ -178,6 +175,12 @@ class DeepEPV2Backend(NcclFamily):
                                       impl=self.impl)
             return Dispatched(g.x_RH, d.tokens_per_expert, h, g.scales_RS, g.probs_R)
         return {"dispatch": dispatch, "combine": lambda: self._combine(y_RH, h)}
+
+    def chained_plan(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
+        """test_ep.py's cached pair (the handle reused: no CPU sync in the dispatch, the grouping's row count known),
+        queued free-running; none for expanded rows (DeepEP refuses their cached dispatch)."""
+        calls = self.cached_phases(x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH)
+        return self.cached_graph("cached handle (no CPU sync), not captured", calls) if calls else self.no_cached_view
 
     def barrier(self):
         self.buffer.barrier()          # what test_ep.py's bench_kineto passes as its barrier

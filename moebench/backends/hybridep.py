@@ -4,11 +4,11 @@ HybridEP takes a bool routing_map [T, E] plus dense probs [T, E] (a -1 in topk_i
 supported, so moebench builds the map itself; masked slots are simply absent). Two paths, knob
 `mode` (env MOEBENCH_HYBRIDEP_MODE when the CLI passes no knob):
 - `permute` (default; what Megatron's flex dispatcher calls): dispatch_with_permute returns rows
-  grouped by local expert with one prob per row; combine_with_unpermute is an unweighted sum, so
-  rows are multiplied by their probs first (Megatron's experts do that multiply).
+  grouped by local expert with one prob per row, which the experts apply (as Megatron's do);
+  combine_with_unpermute is an unweighted sum of the expert rows as they are.
 - `plain`: dispatch returns each token once per rank plus the handle's local_expert_routing_map;
-  moebench groups rows with ops.permute and folds the weights into its local unpermute before
-  HybridEP's (unweighted) combine.
+  moebench groups rows with ops.permute (each with its prob, for the experts) and sums each token's
+  expert rows with its unweighted local unpermute before HybridEP's (unweighted) combine.
 Kernels JIT-compile with $CUDA_HOME/bin/nvcc on first use of each config, so setup() checks nvcc
 and warms up the exact config that will be timed. SM knobs: num_sms (dispatch and combine),
 num_sms_dispatch, num_sms_combine, num_sms_preprocessing, num_blocks_permute, num_blocks_unpermute;
@@ -18,7 +18,7 @@ uses is read from the buffer after construction and recorded in the knobs.
 
 Timing view `cached`, as tests/test_hybrid_ep.py times it: the checked dispatch's handle reused, so
 no metadata preprocessing and no host wait (permute: `num_permuted_tokens`, plain:
-`num_dispatched_tokens`), and the combine of rows already weighted.
+`num_dispatched_tokens`), and the combine as the api call.
 
 Legend: T tokens, H hidden, E experts, K top-k, L local experts, N received tokens, R grouped rows.
 """
@@ -42,7 +42,7 @@ from .deepep_family import (
     group_by_local_expert,
     import_deep_ep,
     recv_room_bytes,
-    weighted_rows,
+    unpermuted_rows,
 )
 
 DOMAIN_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
@@ -92,11 +92,15 @@ def local_plain_inputs(local_map_NL: torch.Tensor, probs_NX: torch.Tensor | None
     return idx, probs_NX[:N, start:start + L].float() * local_map_NL
 
 
+def _flat(probs_R):
+    """dispatch_with_permute's probs, one per permuted row."""
+    return probs_R.reshape(-1) if probs_R is not None else None
+
+
 @dataclass
 class _Handle:
     native: object                          # HybridEP's handle; [3] is num_dispatched_tokens_tensor
     rows: int                               # rows HybridEP returned (permuted rows, or dispatched tokens)
-    probs_R: torch.Tensor | None = None     # permute mode: prob of each grouped row
     grouped: Grouped | None = None          # plain mode: the local grouping, and the ids and weights it used
     local: tuple | None = None
 
@@ -208,8 +212,7 @@ class HybridEPBackend(Backend):
                 hidden=hidden, routing_map=rmap, probs=probs, scaling_factor=scales_TS,
                 num_of_experts_per_rank=self.w.local_experts, use_fp8=fp8)
             tokens = tokens.view(torch.float8_e4m3fn) if fp8 else tokens
-            probs_R = probs_R.reshape(-1) if probs_R is not None else None
-            return Dispatched(tokens, tpe, _Handle(h, tokens.shape[0], probs_R=probs_R), sf, probs_R)
+            return Dispatched(tokens, tpe, _Handle(h, tokens.shape[0]), sf, _flat(probs_R))
         tokens, probs_NX, sf, h = self.buffer.dispatch(hidden=hidden, scaling_factor=scales_TS,
                                                        routing_map=rmap, probs=probs)
         N = tokens.shape[0]
@@ -220,22 +223,11 @@ class HybridEPBackend(Backend):
         return Dispatched(g.x_RH, g.tokens_per_expert, _Handle(h, N, grouped=g, local=(idx, wts)), g.scales_RS,
                           g.probs_R)
 
-    def _weighted(self, y_RH, handle: _Handle) -> torch.Tensor:
-        """The rows HybridEP's unweighted combine is given: permute mode rows x their probs (one kernel,
-        fp32 multiply, bf16 store), plain mode moebench's local unpermute with the weights."""
-        if self.mode != "permute":
-            return weighted_rows(y_RH, handle.grouped, self.impl)
-        p = handle.probs_R
-        if p is None:
-            return y_RH
-        y = y_RH.new_empty(p.shape[0], y_RH.shape[1], dtype=torch.bfloat16)
-        return torch.mul(y_RH[: p.shape[0]], p[:, None], out=y)
-
     def combine(self, y_RH, handle: _Handle):
-        y = self._weighted(y_RH, handle)
         if self.mode == "permute":
-            return self.buffer.combine_with_unpermute(hidden=y, handle=handle.native)[0]
-        return self.buffer.combine(hidden=y, probs=None, handle=handle.native)[0]
+            return self.buffer.combine_with_unpermute(hidden=y_RH, handle=handle.native)[0]
+        return self.buffer.combine(hidden=unpermuted_rows(y_RH, handle.grouped, self.impl), probs=None,
+                                   handle=handle.native)[0]
 
     def cached_phases(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
         """test_hybrid_ep's timed calls with the checked dispatch's handle and its row count given, so no metadata
@@ -251,7 +243,7 @@ class HybridEPBackend(Backend):
             tokens, probs_R, sf, _, _ = self.buffer.dispatch_with_permute(
                 hidden=hidden, routing_map=rmap, probs=probs, scaling_factor=scales_TS, handle=h.native,
                 num_permuted_tokens=h.rows, non_blocking=True)
-            return Dispatched(as_x(tokens), d.tokens_per_expert, h, sf, probs_R)
+            return Dispatched(as_x(tokens), d.tokens_per_expert, h, sf, _flat(probs_R))
 
         def plain():
             tokens, _, sf, _ = self.buffer.dispatch(hidden=hidden, scaling_factor=scales_TS, routing_map=rmap,

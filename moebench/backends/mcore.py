@@ -7,14 +7,12 @@ under the same byte rule and oracle. Each dispatcher is built standalone from a 
 no `parallel_state`), and driven through its six stages exactly as `MoELayer.forward` calls them:
 
     dispatch: dispatch_preprocess(x, routing_map, probs) -> token_dispatch -> dispatch_postprocess
-    combine:  (expert rows * probs) -> combine_preprocess -> token_combine -> combine_postprocess
+    combine:  combine_preprocess -> token_combine -> combine_postprocess   (the experts applied the probs)
 
-How combine keeps moebench's contract `combine(y, handle)[t] = sum_k w[t,k] * y[t,k]`: Megatron
-applies the routing probs inside the experts and its combine is an unweighted top-k sum. So
-dispatch returns the permuted probs that `dispatch_postprocess` hands out (`Dispatched.probs_R`,
-also kept in the handle), and combine multiplies the expert rows by them (fp32 multiply, rounded
-to the expert dtype, as an expert would) before `combine_preprocess`. That multiply is the only
-step not inside the dispatcher, and it is counted in the combine time for every mcore backend.
+Where the probs go: Megatron applies the routing probs inside the experts and its combine is an unweighted
+top-k sum, which is moebench's contract too. So dispatch returns the permuted probs that `dispatch_postprocess`
+hands out (`Dispatched.probs_R`), the correctness experts apply them (untimed, as experts), and combine is
+Megatron's three combine stages alone.
 
 The routing map and dense probs (what `TopKRouter` returns) are built from topk_idx/topk_w once
 per routing and cached, so the timed dispatch holds only the dispatcher's own work. The
@@ -54,7 +52,7 @@ import torch.distributed as dist
 from ..core.megatron_map import BACKENDS, FLEX
 from ..core.workload import WorkloadError
 from ..env.toolkit import dist_version, installed
-from .base import NCCL_SMS, SWITCH, Backend, Dispatched, Knob, Unavailable
+from .base import SWITCH, Backend, Dispatched, Knob, Unavailable, exchange_sms
 from .deepep import DeepEPBackend
 from .deepep_family import NUM_SMS, deepep_flex_setup, recv_room_bytes
 from .hybridep import HybridEPBackend
@@ -162,7 +160,6 @@ def check_flex_importable(backend: str) -> None:
 # ---------------------------------------------------------------- the backends
 @dataclass
 class _Handle:
-    probs_R: torch.Tensor          # permuted probs from dispatch_postprocess, one per expert row
     state: tuple                   # shallow snapshot of the dispatcher's (and comm manager's) __dict__
 
 
@@ -253,7 +250,7 @@ class _McoreBackend(Backend):
         return bool(int(self.knob_values.get("moe_permute_fusion") or 0))
 
     def sms_used(self):
-        return getattr(self, "num_sms", None) if self.flex_backend else NCCL_SMS
+        return getattr(self, "num_sms", None) if self.flex_backend else exchange_sms(getattr(self, "group", None))
 
     def knobs(self):
         k = {n: v for n, v in super().knobs().items() if n != "ops_impl"}   # moebench.ops is not used here
@@ -288,19 +285,12 @@ class _McoreBackend(Backend):
         h, p = d.token_dispatch(h, p)
         h, tpe, p = d.dispatch_postprocess(h, p)
         tpe = tpe.tolist() if isinstance(tpe, torch.Tensor) else [int(c) for c in tpe]
-        p = p.reshape(-1)
-        return Dispatched(h, tpe, _Handle(p, self._snapshot()), None, p)
+        return Dispatched(h, tpe, _Handle(self._snapshot()), None, p.reshape(-1))
 
     def combine(self, y_RH, handle: _Handle):
         self._restore(handle.state)
-        p, rows = handle.probs_R, y_RH.shape[0]
-        if p.shape[0] > rows:
-            raise RuntimeError(f"{self.name}: {p.shape[0]} probs for {rows} expert rows")
-        # one kernel: bf16 rows x fp32 probs, computed in fp32, stored in the rows' dtype (as an expert does)
-        y = torch.empty_like(y_RH) if p.shape[0] == rows else y_RH.clone()   # padding rows stay as they are
-        torch.mul(y_RH[: p.shape[0]], p[:, None], out=y[: p.shape[0]])
         d = self.d
-        h = d.combine_preprocess(y)
+        h = d.combine_preprocess(y_RH)
         h = d.token_combine(h)
         return d.combine_postprocess(h)
 

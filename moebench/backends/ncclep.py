@@ -4,18 +4,28 @@ batches) or `ll` (low-latency, decode batches); `--num-sms` is the group's max_n
 
 ht: a HIGH_THROUGHPUT group and an EXPERT_MAJOR handle. The handle's routing exchange (create_handle, then update
 per routing: an all-gather of the routing) fills the per-local-expert row counts; dispatch writes one row per
-(token, local expert), grouped by expert, with that slot's routing weight; moebench applies the weights to the
-expert outputs and combine sums each token's rows back. The receive budget is fixed, as ep_bench sets it (EP x
-tokens x top-k rows, the expert-major worst case, ep_bench.cu:5151-5163): the outputs are allocated once, dispatch
-needs no host wait before it, and the api call reads the counts after it (the rows a step hands its experts).
+(token, local expert), grouped by expert, with that slot's routing weight, which the experts apply (Megatron's
+experts take NCCL EP's dispatched probs); combine sums each token's rows back, unweighted. The receive budget is
+fixed, as ep_bench sets it (EP x tokens x top-k rows, the expert-major worst case, ep_bench.cu:5151-5163): the
+outputs are allocated once and dispatch needs no host wait before it. Knob `zero_copy` (ht; on by default) is
+Megatron-Core 0.19's `--moe-ncclep-static-shape --moe-ncclep-zero-copy`: the counts stay on the device (the experts
+run on the whole budget), the experts write their output straight into the buffer combine reads, and that buffer
+and dispatch's output are NCCL windows on NCCL EP's communicator (ncclMemAlloc + a symmetric registration, with
+GroupConfig.zero_copy ON: the library's token staging is elided, docs/zero-copy.md) where the platform registers
+windows (else the library stages them: the record's `library_zero_copy` says why). `zero_copy=0` is Megatron's
+path without them: the api dispatch reads the counts on the host (the rows a step hands its experts) and combine
+first copies the expert rows into its buffer (Megatron's re-expansion).
 ll: a LOW_LATENCY group and an EXPERT_MAJOR handle: dispatch fills [L, R*T, H] slots with per-expert counts (as
-DeepEP's low-latency mode); moebench gathers the received rows, and combine writes the expert outputs back into
-their slots and weighs them in the kernel (CombineOutputs.topk_weights).
+DeepEP's low-latency mode), handed to the experts as they are (Dispatched.slots: a masked grouped GEMM reads them
+so); the experts write into the slots combine reads, and combine weighs each row in its kernel
+(CombineOutputs.topk_weights: its dispatch carries no weights, probs_in_combine). Nothing is gathered or copied in
+a timed call.
 fp8 (both modes): the caller's e4m3 rows and fp32 scales forwarded byte for byte (DispatchQuantizationRecipe.FWD),
 so the oracle checks them bit for bit.
 
 Timing, as NCCL EP's ep_bench: its timed loop runs dispatch and combine with the handle's routing bound before it
-("update_fn() is excluded from timed iters"): the `cached` view; `api` adds the update and the host wait. Its byte
+("update_fn() is excluded from timed iters"): the `cached` view (and `chained`, its pairs free-running); `api` adds
+the update (and, with zero_copy=0, the host wait). Its byte
 rules (traffic.upstream_bytes): ht counts received (source rank, token) pairs, own rank included, x payload, which
 is moebench's algbw; ll (since nccl-extensions 412ac5f) counts dispatch as (token, destination rank) messages and
 combine as valid (token, k) selections, x payload (`ncclep_ll_bytes`). `graph`: ll bf16 (no host sync); ht's
@@ -36,9 +46,10 @@ import torch
 
 from ..core.reference import expert_factors
 from ..core.workload import WorkloadError
-from ..env.toolkit import dist_version, installed
-from .base import Dispatched, GraphPlan, Knob, Unavailable
+from ..env.toolkit import dist_version, installed, package_file
+from .base import SWITCH, Dispatched, GraphPlan, Knob, Unavailable
 from .nccl_family import NcclFamily, native_output
+from .nccl_windows import Windows
 
 MODES = ("ht", "ll")
 HT_MAX_TOKENS = 8192          # MAX_SUPPORTED_TOKENS_PER_RANK (nccl_ep include/common.hpp, RELEASE.md)
@@ -52,17 +63,15 @@ INSTALL = ("pip install 'nccl-extensions[cu13]' (nccl.ep; it runs on the libnccl
 @dataclass
 class _Handle:
     native: object                 # nccl.ep.Handle, bound to this dispatch's routing
-    weights_R: torch.Tensor | None = None   # ht: each received row's routing weight
-    rows_R: torch.Tensor | None = None      # ll: flat [L*R*T] slot of each grouped row
-    topk_idx: torch.Tensor | None = None    # ll: combine weighs in the kernel
-    topk_w: torch.Tensor | None = None
+    rows: int | None = None        # ht, zero_copy=0: the rows the experts returned (copied into combine's buffer)
+    topk_w: torch.Tensor | None = None      # ll: combine weighs in the kernel
 
 
 class NcclEPBackend(NcclFamily):
     name = "ncclep"
     dedup = True                   # ht and ll dispatch send one message per (token, destination rank)
     supports_fp8 = True
-    KNOBS = {"mode": Knob(choices=MODES), "num_sms": Knob(low=1)}
+    KNOBS = {"mode": Knob(choices=MODES), "num_sms": Knob(low=1), "zero_copy": SWITCH}
     comm_kernels = ("dispatch", "combine")     # ep_bench's kernel-time names (CUPTI): NCCL EP's JIT kernels
     cached_loop = "ep_bench"
     no_graph_view = "ht's call reads the per-expert counts on the host (its cached call has no host wait)"
@@ -89,8 +98,22 @@ class NcclEPBackend(NcclFamily):
     def mode(self) -> str:
         return self.knob_values.get("mode", "ht")
 
+    @property
+    def zero_copy(self) -> bool:
+        """ht: Megatron's static shape + zero-copy (knob zero_copy, default on); ll has no such path."""
+        return self.mode == "ht" and bool(self.knob_values.get("zero_copy", 1))
+
+    @property
+    def probs_in_combine(self) -> str:
+        return ("NCCL EP's LL expert-major combine weighs each row by CombineOutputs.topk_weights on the receive side "
+                "(its dispatch carries no weights)") if self.mode == "ll" else ""
+
     def validate(self, w, world):
         super().validate(w, world)
+        if self.knob_values.get("zero_copy") == 1:
+            why = zero_copy_problem(self.mode)
+            if why:
+                raise WorkloadError(f"ncclep zero_copy=1: {why}")
         row_bytes = w.hidden * (1 if w.dtype == "fp8" else 2)
         if row_bytes % 16:
             raise WorkloadError(f"ncclep moves rows in 16-byte words: {w.dtype} rows of --hidden {w.hidden} are "
@@ -127,31 +150,40 @@ class NcclEPBackend(NcclFamily):
         self.fp8 = w.dtype == "fp8"
         ht = self.mode == "ht"
         self.budget = self.world * w.num_tokens * w.topk if ht else 0
-        cfg = ep.GroupConfig(
-            algorithm=ep.Algorithm.HIGH_THROUGHPUT if ht else ep.Algorithm.LOW_LATENCY,
-            num_experts=w.num_experts, max_dispatch_tokens_per_rank=w.num_tokens, max_recv_tokens_per_rank=self.budget,
-            max_token_bytes=token_bytes(w), max_num_sms=int(self.knob_values.get("num_sms") or 0), num_topk=w.topk)
-        self.comm = self.group_ep = self.handle = None
-        with native_output("ncclep: NCCL communicator and EP group"):
+        self.comm = self.group_ep = self.handle = self.windows = None
+        with native_output("ncclep: NCCL communicator, windows and EP group"):
             self.comm = get_nccl_comm_from_group(group)
+            self._buffers(w, device)
+            cfg = ep.GroupConfig(
+                algorithm=ep.Algorithm.HIGH_THROUGHPUT if ht else ep.Algorithm.LOW_LATENCY,
+                num_experts=w.num_experts, max_dispatch_tokens_per_rank=w.num_tokens,
+                max_recv_tokens_per_rank=self.budget, max_token_bytes=token_bytes(w),
+                max_num_sms=int(self.knob_values.get("num_sms") or 0), num_topk=w.topk,
+                **({"zero_copy": ep.ZeroCopyMode.ON} if self.windows and self.windows.ok else {}))
             self.group_ep = ep.Group.create(self.comm, cfg)
-        L = w.local_experts
-        if ht:
-            self.counts = torch.zeros(L, dtype=torch.int64, device=device)
-            self.total = torch.zeros(1, dtype=torch.int64, device=device)
-            self.rows = torch.empty(self.budget, w.hidden, dtype=torch.float8_e4m3fn if self.fp8 else torch.bfloat16,
-                                    device=device)
-            self.weights = torch.empty(self.budget, dtype=torch.float32, device=device)
-            self.rows_s = torch.empty(self.budget, w.hidden // 128, dtype=torch.float32, device=device) \
-                if self.fp8 else None
-            self.combine_in = torch.empty(self.budget, w.hidden, dtype=torch.bfloat16, device=device)
-        else:
+
+    def _buffers(self, w, device):
+        """The outputs and combine's input, once: ht the budget's rows (NCCL windows with zero_copy, where the
+        platform registers them), ll the [L, R*T] slots."""
+        L, row = w.local_experts, torch.float8_e4m3fn if self.fp8 else torch.bfloat16
+        if self.mode == "ll":
             slots = (L, self.world * w.num_tokens)
             self.counts = torch.zeros(L, dtype=torch.int32, device=device)
-            self.recv = torch.empty(*slots, w.hidden, dtype=torch.float8_e4m3fn if self.fp8 else torch.bfloat16,
-                                    device=device)
+            self.recv = torch.empty(*slots, w.hidden, dtype=row, device=device)
             self.recv_s = torch.empty(*slots, w.hidden // 128, dtype=torch.float32, device=device) if self.fp8 else None
             self.combine_in = torch.empty(*slots, w.hidden, dtype=torch.bfloat16, device=device)
+            return
+        self.counts = torch.zeros(L, dtype=torch.int64, device=device)
+        self.total = torch.zeros(1, dtype=torch.int64, device=device)
+        self.weights = torch.empty(self.budget, dtype=torch.float32, device=device)
+        make = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=device)   # noqa: E731
+        if self.zero_copy:
+            old = "" if hasattr(self.ep, "ZeroCopyMode") else "this NCCL EP has no ZeroCopyMode"
+            self.windows = Windows(self.comm, self.group, device, old)
+            make = self.windows.empty
+        self.rows = make((self.budget, w.hidden), row)
+        self.rows_s = make((self.budget, w.hidden // 128), torch.float32) if self.fp8 else None
+        self.combine_in = make((self.budget, w.hidden), torch.bfloat16)
 
     def sms_used(self):
         """The SMs NCCL EP's kernels use (its resolution of max_num_sms, nccl_ep.cc:1749-1782)."""
@@ -165,7 +197,9 @@ class NcclEPBackend(NcclFamily):
         return HT_DEFAULT_SMS if self.mode == "ht" else device_sms
 
     def knobs(self):
-        return {**super().knobs(), "mode": self.mode, "libnccl": getattr(self, "nccl", None),
+        zc = {"zero_copy": int(self.zero_copy), "library_zero_copy": self.windows.state() if self.windows else None,
+              "megatron": MEGATRON_ZERO_COPY if self.zero_copy else None} if self.mode == "ht" else {}
+        return {**super().knobs(), "mode": self.mode, **zc, "libnccl": getattr(self, "nccl", None),
                 "max_recv_tokens_per_rank": getattr(self, "budget", None),
                 "nccl_ep_lib": str(self.ep.get_lib_version()) if hasattr(self, "ep") else None}
 
@@ -190,44 +224,48 @@ class NcclEPBackend(NcclFamily):
         q = self.ep.DispatchQuantizationRecipe.FWD if self.fp8 else self.ep.DispatchQuantizationRecipe.NONE
         return self.ep.DispatchConfig(quantization_recipe=q)
 
+    def _t(self, t):
+        """t's descriptor: window-backed where t is one of the windows (zero copy)."""
+        return self.windows.tensor(t) if self.windows else self.ep.Tensor(t)
+
     def dispatch(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS=None):
         with self.first_call("dispatch"):
             self._bind(topk_idx_TK)
             if self.mode == "ht":
-                return self._ht(x_TH, topk_w_TK, scales_TS, None)
-            d = self._ll(x_TH, topk_idx_TK, topk_w_TK, scales_TS)
-        return d
+                return self._ht(x_TH, topk_w_TK, scales_TS)
+            return self._ll(x_TH, topk_w_TK, scales_TS)
 
-    def _ht(self, x_TH, topk_w_TK, scales_TS, counts):
-        """Into the fixed budget; `counts` None: read after the dispatch (the api call's one host wait)."""
+    def _ht(self, x_TH, topk_w_TK, scales_TS, counts=None):
+        """Into the fixed budget. zero_copy: the whole budget with the counts on the device (static shape); else the
+        rows of the counts, read on the host after the dispatch (the api call's one host wait) unless given."""
         T = self.ep.Tensor
         self.handle.dispatch(
             self.ep.DispatchInputs(tokens=T(x_TH), topk_weights=T(topk_w_TK.float().contiguous()),
                                    scales=T(scales_TS) if scales_TS is not None else None),
-            self.ep.DispatchOutputs(tokens=T(self.rows), topk_weights=T(self.weights),
-                                    scales=T(self.rows_s) if scales_TS is not None else None),
+            self.ep.DispatchOutputs(tokens=self._t(self.rows), topk_weights=T(self.weights),
+                                    scales=self._t(self.rows_s) if scales_TS is not None else None),
             config=self._config(), stream=self._stream())
+        if self.zero_copy:
+            return Dispatched(self.rows, self.counts, _Handle(self.handle), self.rows_s, self.weights)
         counts = counts if counts is not None else [int(c) for c in self.counts.tolist()]
         n = sum(counts)
-        return Dispatched(self.rows[:n], counts, _Handle(self.handle, weights_R=self.weights[:n]),
-                          self.rows_s[:n] if scales_TS is not None else None)
+        return Dispatched(self.rows[:n], counts, _Handle(self.handle, rows=n),
+                          self.rows_s[:n] if scales_TS is not None else None, self.weights[:n])
 
-    def _ll(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, rows_R=None, counts=None):
-        """Into the fixed slots; `rows_R` / `counts` None: found from the counts the dispatch wrote (a host wait)."""
+    def _ll(self, x_TH, topk_w_TK, scales_TS):
+        """Into the fixed slots, handed over as they are with the counts the dispatch wrote (on the device)."""
         T = self.ep.Tensor
         self.handle.dispatch(
             self.ep.DispatchInputs(tokens=T(x_TH), scales=T(scales_TS) if scales_TS is not None else None),
             self.ep.DispatchOutputs(tokens=T(self.recv), scales=T(self.recv_s) if self.fp8 else None),
             layout_info=self.ep.LayoutInfo(expert_counters=T(self.counts)), config=self._config(),
             stream=self._stream())
-        M = self.recv.shape[1]
-        if rows_R is None:           # which slots hold rows: from the counts (one host wait); combine needs none
-            mask = torch.arange(M, device=self.recv.device)[None, :] < self.counts[:, None]
-            rows_R = mask.view(-1).nonzero().squeeze(1)
-        counts = counts if counts is not None else [int(c) for c in self.counts.tolist()]
-        scales = self.recv_s.flatten(0, 1)[rows_R] if self.fp8 else None
-        return Dispatched(self.recv.flatten(0, 1)[rows_R], counts,
-                          _Handle(self.handle, rows_R=rows_R, topk_idx=topk_idx_TK, topk_w=topk_w_TK.float()), scales)
+        return Dispatched(self.recv, self.counts, _Handle(self.handle, topk_w=topk_w_TK.float()), self.recv_s,
+                          slots=True)
+
+    def expert_buffer(self, d):
+        """The buffer combine reads: ll's slots, ht's with zero_copy (else the experts return rows of their own)."""
+        return self.combine_in if self.mode == "ll" or self.zero_copy else None
 
     def combine(self, y_RH, handle: _Handle):
         with self.first_call("combine"):
@@ -238,28 +276,35 @@ class NcclEPBackend(NcclFamily):
     def _combine(self, y_RH, h: _Handle):
         T = self.ep.Tensor
         out = torch.empty(self.w.num_tokens, self.w.hidden, dtype=torch.bfloat16, device=y_RH.device)
-        if self.mode == "ht":           # combine's input has dispatch's output shape: the budget's rows
-            n = h.weights_R.shape[0]      # one fused multiply in fp32, written as bf16 (no fp32 copy of the rows)
-            torch.mul(y_RH[:n], h.weights_R[:, None], out=self.combine_in[:n])
-            h.native.combine(self.ep.CombineInputs(tokens=T(self.combine_in)), self.ep.CombineOutputs(tokens=T(out)),
-                             stream=self._stream())
-        else:
-            self.combine_in.view(-1, self.w.hidden).index_copy_(0, h.rows_R, y_RH[: h.rows_R.shape[0]])
-            h.native.combine(self.ep.CombineInputs(tokens=T(self.combine_in)),
-                             self.ep.CombineOutputs(tokens=T(out), topk_weights=T(h.topk_w.contiguous())),
-                             stream=self._stream())
+        if self.expert_buffer(None) is None:             # Megatron without zero-copy: its re-expansion's copy
+            self.combine_in[: h.rows].copy_(y_RH[: h.rows])
+        elif y_RH.data_ptr() != self.combine_in.data_ptr():
+            raise ValueError("ncclep: the expert outputs must be written into the buffer combine reads "
+                             "(Backend.expert_buffer)")
+        weights = T(h.topk_w.contiguous()) if self.mode == "ll" else None
+        h.native.combine(self.ep.CombineInputs(tokens=self._t(self.combine_in)),
+                         self.ep.CombineOutputs(tokens=T(out), topk_weights=weights), stream=self._stream())
         return out
 
     def cached_phases(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
         """ep_bench's timed dispatch: the handle keeps the checked dispatch's routing (no update, no host wait: the
         counts are known), then the same outputs; combine is the api call."""
         h: _Handle = d.handle
-        counts = list(d.tokens_per_expert)
         if self.mode == "ht":
+            counts = None if self.zero_copy else list(d.tokens_per_expert)
             dispatch = lambda: self._ht(x_TH, topk_w_TK, scales_TS, counts)            # noqa: E731
         else:
-            dispatch = lambda: self._ll(x_TH, topk_idx_TK, topk_w_TK, scales_TS, h.rows_R, counts)   # noqa: E731
+            dispatch = lambda: self._ll(x_TH, h.topk_w, scales_TS)                     # noqa: E731
         return {"dispatch": dispatch, "combine": lambda: self._combine(y_RH, h)}
+
+    def chained_plan(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
+        """ht: ep_bench's pair (the routing bound, no host wait in either call), queued free-running. ll: the graph's
+        pair, whose experts run on each dispatch's own slots (a slot's token follows arrival order, so a combine of
+        the checked dispatch's slots after another dispatch would mix rows)."""
+        if self.mode == "ll":
+            return super().chained_plan(x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH)
+        return self.cached_graph("ep_bench's pair: the routing bound once, no host wait",
+                                 self.cached_phases(x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH))
 
     def graph_plan(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
         """ll bf16: dispatch into the slots, the correctness expert on the slots (captured between), combine of those
@@ -268,35 +313,40 @@ class NcclEPBackend(NcclFamily):
             return self.no_graph_view
         if self.fp8:
             return "ll fp8: the expert outputs are not a multiply of the received slots (fp8 with scales)"
-        h: _Handle = d.handle
         factor = expert_factors(torch.distributed.get_rank(self.group), self.w, self.device, torch.bfloat16)
-        T = self.ep.Tensor
-
-        def dispatch():
-            self.handle.dispatch(self.ep.DispatchInputs(tokens=T(x_TH)), self.ep.DispatchOutputs(tokens=T(self.recv)),
-                                 layout_info=self.ep.LayoutInfo(expert_counters=T(self.counts)), stream=self._stream())
-            return Dispatched(self.recv.flatten(0, 1)[h.rows_R], d.tokens_per_expert, h)
+        h = _Handle(self.handle, topk_w=topk_w_TK.float())
 
         def between(dg):
             torch.mul(self.recv, factor[:, None, None], out=self.combine_in)
-
-        def combine(dg):
-            out = torch.empty(self.w.num_tokens, self.w.hidden, dtype=torch.bfloat16, device=self.device)
-            self.handle.combine(self.ep.CombineInputs(tokens=T(self.combine_in)),
-                                self.ep.CombineOutputs(tokens=T(out), topk_weights=T(h.topk_w.contiguous())),
-                                stream=self._stream())
-            return out
-        return GraphPlan("ll: dispatch + combine into fixed slots (no host sync), captured as a pair", dispatch, combine,
+        return GraphPlan("ll: dispatch + combine into fixed slots (no host sync), captured as a pair",
+                         lambda: self._ll(x_TH, topk_w_TK, None), lambda dg: self._combine(self.combine_in, h),
                          between)
 
     def teardown(self):
-        """Handle, group, then the communicator get_nccl_comm_from_group made for this backend (a fresh one)."""
-        for obj in (getattr(self, "handle", None), getattr(self, "group_ep", None), getattr(self, "comm", None)):
+        """Handle, group, the windows, then the communicator get_nccl_comm_from_group made for this backend."""
+        for obj in (getattr(self, "handle", None), getattr(self, "group_ep", None), getattr(self, "windows", None),
+                    getattr(self, "comm", None)):
             if obj is not None:
                 obj.destroy()
-        self.handle = self.group_ep = self.comm = None
+        self.handle = self.group_ep = self.windows = self.comm = None
 
 
 def token_bytes(w) -> int:
     """max_token_bytes: the larger of a dispatch row (payload + fp8 scales) and combine's bf16 row, to 16 bytes."""
     return -(-max(w.bytes_per_token, 2 * w.hidden) // 16) * 16
+
+
+MEGATRON_ZERO_COPY = ("Megatron-Core 0.19 --moe-ncclep-static-shape --moe-ncclep-zero-copy (zero-copy requires static "
+                      "shape: token_dispatcher.py _NCCLEPManager)")
+
+
+def zero_copy_problem(mode: str) -> str:
+    """Why ncclep cannot run zero_copy=1 here ('' when it can): ll has no such path, or the installed NCCL EP has no
+    ZeroCopyMode (read from its files: nothing is imported)."""
+    if mode == "ll":
+        return "ll has no zero-copy combine (NCCL EP's LL combine always stages; Megatron's zero-copy is ht's)"
+    enums = package_file("nccl.ep", "enums.py")
+    if enums is not None and "class ZeroCopyMode" not in enums.read_text(errors="replace"):
+        return (f"this NCCL EP (nccl-extensions {dist_version('nccl-extensions') or '?'}) has no ZeroCopyMode (windowed "
+                "dispatch output and combine input): use zero_copy=0 or a newer nccl-extensions")
+    return ""

@@ -1,10 +1,11 @@
 """The oracle: what dispatch and combine must return, computed from (seed, rank) alone.
 
-The correctness expert multiplies every row by (global_expert_id + 1), so combine must give
+The correctness expert multiplies every row by (global_expert_id + 1) and by the routing prob the row arrived
+with (Megatron-Core's experts apply the probs; combine is an unweighted sum), so combine must give
     out[t] = sum_k w[t,k] * (e_k + 1) * x[t]      (masked slots contribute nothing)
-which catches misrouting, lost or duplicated tokens and wrong weights. Dispatch output is
-compared per local expert as a multiset of rows, bit for bit (backends may order rows freely
-within an expert).
+which catches misrouting, lost or duplicated tokens and wrong weights (a combine that weighs again squares
+them). Dispatch output is compared per local expert as a multiset of rows, bit for bit (backends may order
+rows freely within an expert), and each row's prob against the routing's, to bf16 precision.
 """
 from __future__ import annotations
 
@@ -13,22 +14,26 @@ import torch
 from .workload import Workload, fp8_dequantize, rank_inputs
 
 
-def expected_dispatch(w: Workload, rank: int, device="cpu"):
-    """Rows rank `rank` must receive: (rows per local expert [list of tensors], scales per expert or None).
+def expected_dispatch(w: Workload, rank: int, device="cpu", probs: bool = False):
+    """Rows rank `rank` must receive: (rows per local expert [list of tensors], scales per expert or None), and with
+    `probs` the routing prob of each of those rows (fp32, per expert) third.
 
     Within an expert, rows come in (source rank, token index) order, which is Megatron's order. Built on
     the host, where the inputs are drawn, and moved to `device` in one copy (no per-expert host syncs).
     """
     L = w.local_experts
-    picks = []                                                           # (payload, scales, token ids, experts)
+    picks = []                                                           # (payload, scales, token ids, experts, probs)
     for src in range(w.ep):
-        x, idx, _, q, s = rank_inputs(w, src)
+        x, idx, wt, q, s = rank_inputs(w, src)
         local = idx - rank * L
         hit = (idx >= 0) & (local >= 0) & (local < L)
+        rows = hit.nonzero(as_tuple=True)[0]
         onehot = torch.zeros(idx.shape[0], L, dtype=torch.bool)
-        onehot[hit.nonzero(as_tuple=True)[0], local[hit]] = True       # a token routed twice to one expert: one row
+        onehot[rows, local[hit]] = True                                  # a token routed twice to one expert: one row
+        prob = torch.zeros(idx.shape[0], L, dtype=torch.float32)
+        prob[rows, local[hit]] = wt[hit].float()
         t, j = onehot.nonzero(as_tuple=True)                             # by token, then expert
-        picks.append((q if q is not None else x, s, t, j))
+        picks.append((q if q is not None else x, s, t, j, prob[t, j]))
     j = torch.cat([p[3] for p in picks])
     order = j.argsort(stable=True)                                       # by expert, then source rank, then token
     at = torch.empty_like(order)
@@ -38,13 +43,15 @@ def expected_dispatch(w: Workload, rank: int, device="cpu"):
     out_s = scales.new_empty(order.numel(), *scales.shape[1:]) if scales is not None else None
     o = 0
     raw = lambda a: a.view(torch.uint8)                                  # noqa: E731 - bytes: any dtype, fp8 too
-    for p, sc, t, _ in picks:                                            # one copy of each row, straight to its place
+    for p, sc, t, _, _ in picks:                                         # one copy of each row, straight to its place
         raw(out).index_copy_(0, at[o:o + t.numel()], raw(p).index_select(0, t))
         if out_s is not None:
             raw(out_s).index_copy_(0, at[o:o + t.numel()], raw(sc).index_select(0, t))
         o += t.numel()
     counts = torch.bincount(j, minlength=L).tolist()
-    return list(out.to(device).split(counts)), (list(out_s.to(device).split(counts)) if out_s is not None else None)
+    split = lambda a: list(a.to(device).split(counts)) if a is not None else None   # noqa: E731
+    got = split(out), split(out_s)
+    return (*got, split(torch.cat([p[4] for p in picks])[order])) if probs else got
 
 
 def expert_factors(rank: int, w: Workload, device, dtype=torch.float32) -> torch.Tensor:
@@ -52,12 +59,14 @@ def expert_factors(rank: int, w: Workload, device, dtype=torch.float32) -> torch
     return torch.arange(rank * w.local_experts + 1, (rank + 1) * w.local_experts + 1, dtype=dtype, device=device)
 
 
-def apply_experts(x_RH, tokens_per_expert, rank: int, w: Workload, scales_RS=None) -> torch.Tensor:
-    """y = dequant(x) * (global_expert + 1) in bf16, row blocks per local expert."""
-    xf = fp8_dequantize(x_RH, scales_RS) if scales_RS is not None else x_RH.float()
+def apply_experts(x_RH, tokens_per_expert, rank: int, w: Workload, scales_RS=None, probs_R=None) -> torch.Tensor:
+    """y = dequant(x) * (global_expert + 1) [* prob of the row] in bf16 (fp32 math), row blocks per local expert."""
+    xf = fp8_dequantize(x_RH, scales_RS[: x_RH.shape[0]]) if scales_RS is not None else x_RH.float()
     factor = torch.repeat_interleave(expert_factors(rank, w, x_RH.device),
                                      torch.tensor(counts(tokens_per_expert), device=x_RH.device),
                                      output_size=x_RH.shape[0])
+    if probs_R is not None:
+        factor = factor * probs_R[: x_RH.shape[0]].float()
     return (xf * factor[:, None]).to(torch.bfloat16)
 
 
@@ -131,9 +140,14 @@ def _raw(rows: list[torch.Tensor], scales) -> torch.Tensor:
     return torch.cat([b, torch.cat(scales).flatten(1).contiguous().view(torch.uint8)], 1) if scales is not None else b
 
 
-def check_dispatch(got_rows: list[torch.Tensor], got_scales, exp_rows, exp_scales, rank: int, w: Workload) -> str:
-    """'' when each local expert received exactly the expected multiset of rows, bit for bit; else the first
-    difference."""
+PROB_RTOL = 4e-3       # a prob carried in bf16 differs by at most 2^-9 relative; a wrong slot's prob by far more
+
+
+def check_dispatch(got_rows: list[torch.Tensor], got_scales, exp_rows, exp_scales, rank: int, w: Workload,
+                   got_probs=None, exp_probs=None) -> str:
+    """'' when each local expert received exactly the expected multiset of rows, bit for bit (and, where both
+    `got_probs` and `exp_probs` are given, each row the prob of its (token, expert) to bf16 precision); else the
+    first difference."""
     for j, (g, e) in enumerate(zip(got_rows, exp_rows)):
         if g.shape[0] != e.shape[0]:
             return f"rank {rank} expert {rank * w.local_experts + j}: received {g.shape[0]} rows, expected {e.shape[0]}"
@@ -146,9 +160,19 @@ def check_dispatch(got_rows: list[torch.Tensor], got_scales, exp_rows, exp_scale
         return ""
     gk, ek = keys                               # the keys agree: confirm byte for byte, rows in key order
     dev = gk.device
+    go, eo = gk.argsort(stable=True), ek.argsort(stable=True)
     exp = _raw([e.to(dev) for e in exp_rows], [s.to(dev) for s in exp_scales] if exp_scales is not None else None)
-    same = torch.equal(_raw(got_rows, got_scales)[gk.argsort(stable=True)], exp[ek.argsort(stable=True)])
-    return "" if same else f"rank {rank}: {differ}"
+    if not torch.equal(_raw(got_rows, got_scales)[go], exp[eo]):
+        return f"rank {rank}: {differ}"
+    if got_probs is None or exp_probs is None:
+        return ""
+    gp, ep = torch.cat(got_probs).float()[go], torch.cat(exp_probs).to(dev).float()[eo]
+    off = (gp - ep).abs() > PROB_RTOL * ep.abs()
+    if not off.any():
+        return ""
+    i = int(off.nonzero()[0, 0])
+    return (f"rank {rank}: a received row carries the prob {gp[i].item():.6g}, its routing gives {ep[i].item():.6g} "
+            f"({int(off.sum())} of {off.numel()} rows)")
 
 
 def counts(tokens_per_expert) -> list[int]:

@@ -38,6 +38,19 @@ def installed(module: str) -> bool:
         return False
 
 
+def package_file(module: str, relpath: str) -> Path | None:
+    """The file `relpath` inside package `module` (found, not imported: a dotted name imports its parents), or None
+    where the package or the file is absent."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(root) / relpath).is_file():
+            return Path(root) / relpath
+    return None
+
+
 def dist_version(*names: str) -> str | None:
     """Version of the first installed distribution among `names` (spellings of one package); None if none."""
     for n in names:

@@ -10,7 +10,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from ..backends import base
-from ..core import traffic
+from ..core import reference, traffic
 from ..core.workload import WorkloadError, make_routing, rank_inputs
 from ..records import dispatch as records, provenance
 from ..records.schema import PHASES
@@ -96,7 +96,8 @@ def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
 def _overlap(case: views.Case, ctx) -> dict:
     """Each phase under a concurrent GEMM (--overlap), beside its api time."""
     spec, d = case.spec, case.d
-    gemm = overlap.Gemm(overlap.gemm_shape(overlap.parse(spec.overlap), d.x_RH.shape[0], spec.workload.hidden),
+    rows = sum(reference.counts(d.tokens_per_expert))        # the received rows (not a budget's or slots' size)
+    gemm = overlap.Gemm(overlap.gemm_shape(overlap.parse(spec.overlap), rows, spec.workload.hidden),
                         ctx.device)
     return {p: overlap.measure(case.timer, case.phases[p], gemm, case.stats[p].median_us, spec.iters, spec.warmup_ms)
             for p in PHASES}

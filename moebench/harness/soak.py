@@ -69,7 +69,7 @@ def one_call(b, w, rank: int, dev, where=None, clock: dict | None = None) -> dic
         got = oracle.moved(d, where)
         rows = oracle.dispatch_bad_rows(got, w, rank, where)
         laps("check_dispatch")
-        y = oracle.expert_outputs(got, rank, w).to(dev)
+        y = oracle.expert_outputs(b, d, rank, w, src=got)   # computed where checked, written where combine reads
         laps("experts")
         out = b.combine(y, d.handle)
         laps("combine", sync=True)
@@ -124,13 +124,14 @@ def _progress(path: str | None, state: dict) -> None:
 def soak_main(ctx: RankContext, spec, name: str, progress_dir: str | None) -> dict:
     """Every rank: the backend set up and checked once, then `spec.soak` calls on fresh inputs, then the
     graph's replays, all within --soak-seconds when given. Returns this rank's counts: {done, bad: [...], rows,
-    tokens, graph, budget (the call the budget stopped it at, or absent), stage_s}."""
+    tokens, graph, budget (the call the budget stopped it at, or absent), stage_s, knobs, bypassed}."""
     dev, w = ctx.device, spec.workload
     path = os.path.join(progress_dir, f"rank{ctx.rank}.json") if progress_dir else None
     state = {"rank": ctx.rank, "done": 0, "bad": [], "bad_calls": [], "rows": 0, "tokens": 0, "stage_s": {}}
     b, err = make_backend(spec, name, ctx)
     if err:
         return {**state, "error": err}
+    state["knobs"], state["bypassed"] = b.knobs(), list(b.bypassed)      # named in the record, as the phases'
     deadline = time.monotonic() + spec.soak_seconds if spec.soak_seconds else None
     timer, where = Timer.for_run(spec, dev, ctx.group), check_device(ctx)
     state["checked_on"] = where.type
@@ -149,6 +150,7 @@ def soak_main(ctx: RankContext, spec, name: str, progress_dir: str | None) -> di
                 state["bad"].append({"call": i, "rank": ctx.rank, **wrong})
         _progress(path, state)
     state["graph"] = _graph(b, timer, ctx, spec, where, (lambda: out_of_time(deadline, ctx.group)))
+    state["knobs"] = b.knobs()                # what the calls resolved (the SMs a library picked)
     b.teardown()
     return state
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from moebench.backends import Unavailable, get
-from moebench.backends.deepep import DeepEPBackend, group_by_local_expert, import_deep_ep, weighted_rows
+from moebench.backends.deepep import DeepEPBackend, group_by_local_expert, import_deep_ep, unpermuted_rows
 from moebench.backends.deepep_ll import DeepEPLowLatencyBackend, ll_buffer_bytes
 from moebench.core import reference, workload
 from moebench.core.workload import Workload, WorkloadError
@@ -97,24 +97,26 @@ def test_setup_unavailable_names_the_error(monkeypatch):
 
 @pytest.mark.parametrize("dtype,routing", [("bf16", "uniform"), ("bf16", "zipf:1.2,masked:0.2"), ("fp8", "uniform")])
 def test_grouping_and_weighting_match_the_oracle(dtype, routing):
-    """One rank holding every expert: recv_idx = topk_idx, recv_w = topk_w. The grouped rows must be
-    the oracle's dispatch and experts + weighted_rows must be the oracle's combine."""
+    """One rank holding every expert: recv_idx = topk_idx, recv_w = topk_w. The grouped rows must be the oracle's
+    dispatch with their probs, and experts applying those probs + the unweighted unpermute the oracle's combine."""
     w = Workload(num_tokens=64, hidden=256, num_experts=8, topk=3, ep=1, dtype=dtype, routing=routing, seed=3)
     x, idx, wt, q, s = workload.rank_inputs(w, 0)
     payload = q if q is not None else x
     g = group_by_local_expert(payload, idx, wt, w.local_experts, s, impl="torch")
     tpe = [int(c) for c in g.tokens_per_expert]
-    exp_rows, exp_scales = reference.expected_dispatch(w, 0)
+    exp_rows, exp_scales, exp_probs = reference.expected_dispatch(w, 0, probs=True)
     got_s = reference.split_rows(g.scales_RS, tpe) if g.scales_RS is not None else None
-    assert reference.check_dispatch(reference.split_rows(g.x_RH, tpe), got_s, exp_rows, exp_scales, 0, w) == ""
-    y = reference.apply_experts(g.x_RH, tpe, 0, w, g.scales_RS)
-    out = weighted_rows(y, g, impl="torch")
+    got = reference.split_rows(g.x_RH, tpe), got_s, exp_rows, exp_scales, 0, w
+    assert reference.check_dispatch(*got, reference.split_rows(g.probs_R, tpe), exp_probs) == ""
+    y = reference.apply_experts(g.x_RH, tpe, 0, w, g.scales_RS, g.probs_R)
+    out = unpermuted_rows(y, g, impl="torch")
     assert reference.check_combine(out, reference.expected_combine(payload, idx, wt, w, s)) == ""
     assert torch.allclose(g.probs_R.sum(), torch.where(idx >= 0, wt, 0.0).sum())
-    # without the weights the unweighted combine would be wrong: the test can fail
-    g.weights_NK.fill_(1.0)
-    assert reference.check_combine(weighted_rows(y, g, impl="torch"),
+    # experts that leave the probs out give a wrong combine, and so do probs carried to the wrong rows: it can fail
+    y1 = reference.apply_experts(g.x_RH, tpe, 0, w, g.scales_RS)
+    assert reference.check_combine(unpermuted_rows(y1, g, impl="torch"),
                                    reference.expected_combine(payload, idx, wt, w, s)) != ""
+    assert "prob" in reference.check_dispatch(*got, reference.split_rows(g.probs_R.flip(0), tpe), exp_probs)
 
 
 def test_grouping_two_rank_view():

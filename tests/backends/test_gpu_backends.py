@@ -20,14 +20,15 @@ from moebench.backends import base
 SHAPE = ["--num-tokens", "64", "--hidden", "2048", "--num-experts", "16", "--topk", "4"]   # every backend takes it
 EXPECT = [n for n in os.environ.get("MOEBENCH_EXPECT_BACKENDS", "").split(",") if n]
 V2_PATH = os.environ.get("MOEBENCH_DEEPEP_V2_PATH", "")
-MODES = {"ncclep": [["mode=ht"], ["mode=ll"]]}          # backends with several modes: each mode a case
+MODES = {"ncclep": [["mode=ht"], ["mode=ht", "zero_copy=0"], ["mode=ll"]]}   # each mode (and ht's zero copy) a case
 
 
 def cases():
     for name in base.names():
         for knobs in MODES.get(name, [[]]):
             for dtype in ("bf16", "fp8"):
-                yield pytest.param(name, dtype, knobs, id="-".join([name, *(k.split("=")[1] for k in knobs), dtype]))
+                tags = (k.split("=")[1] if k.startswith("mode=") else k.replace("=", "") for k in knobs)
+                yield pytest.param(name, dtype, knobs, id="-".join([name, *tags, dtype]))
 
 
 def run(name: str, argv: list[str]) -> int:

@@ -15,6 +15,7 @@ from moebench.backends import base
 from moebench.backends.mcore import McoreAlltoallBackend, McoreDeepEPBackend, McoreHybridEPBackend
 from moebench.core import reference, workload
 from moebench.core.workload import Workload, WorkloadError
+from moebench.harness import oracle
 from moebench.harness.launch import run_ranks
 from moebench.harness.runner import run_backend
 from moebench.harness.spec import RunSpec
@@ -72,23 +73,23 @@ def test_emulated_dispatcher_passes_oracle(ep, E, K, routing):
 
 
 def _probs_matter(ctx, w):
-    """Combine through Megatron's stages with and without the probs multiply; both oracle errors."""
+    """Experts applying the permuted probs Megatron's dispatch hands out, then Megatron's unweighted combine, match the
+    oracle (twice: the handle restores state); experts that leave them out do not."""
     b = McoreAlltoallBackend(knob_values={"mcore_cpu_emulation": True})
     b.setup(ctx.group, w, ctx.device)
     x, idx, wt, _, _ = workload.rank_inputs(w, ctx.rank)
     d = b.dispatch(x, idx, wt)
-    y = reference.apply_experts(d.x_RH, d.tokens_per_expert, ctx.rank, w)
+    y = oracle.expert_outputs(b, d, ctx.rank, w)
     expected = reference.expected_combine(x, idx, wt, w)
     good = reference.check_combine(b.combine(y, d.handle), expected)
-    good_again = reference.check_combine(b.combine(y, d.handle), expected)   # the handle restores state
-    b._restore(d.handle.state)
-    bare = b.d.combine_postprocess(b.d.token_combine(b.d.combine_preprocess(y)))   # Megatron's top-k sum
-    return good, good_again, reference.check_combine(bare, expected)
+    good_again = reference.check_combine(b.combine(y, d.handle), expected)
+    bare = reference.apply_experts(d.x_RH, d.tokens_per_expert, ctx.rank, w)          # no probs
+    return good, good_again, reference.check_combine(b.combine(bare, d.handle), expected)
 
 
 @needs_mcore
 @pytest.mark.slow
-def test_combine_applies_probs():
+def test_the_experts_apply_the_probs_and_combine_sums():
     w = Workload(num_tokens=64, hidden=256, num_experts=8, topk=4, ep=1)
     [(good, again, bare)] = run_ranks(_probs_matter, 1, "cpu", 120, args=(w,))
     assert good == "" and again == ""

@@ -56,6 +56,21 @@ def test_ncclep_refuses_what_nccl_ep_refuses(knobs, kw, msg):
         NcclEPBackend(knob_values=knobs).validate(wl(**kw), kw.get("ep", 2))
 
 
+def test_ncclep_zero_copy_is_hts_and_needs_a_library_with_it(tmp_path, monkeypatch):
+    """zero_copy=1 on ll, or with an NCCL EP whose enums have no ZeroCopyMode: one line naming why; ht takes it
+    (on by default) and zero_copy=0 anywhere."""
+    with pytest.raises(WorkloadError, match="zero_copy=1: ll has no zero-copy combine"):
+        NcclEPBackend(knob_values={"mode": "ll", "zero_copy": 1}).validate(wl(), 2)
+    NcclEPBackend(knob_values={"mode": "ll", "zero_copy": 0}).validate(wl(), 2)
+    assert NcclEPBackend(knob_values={"mode": "ht"}).zero_copy and not NcclEPBackend(knob_values={"mode": "ll"}).zero_copy
+    old = tmp_path / "enums.py"
+    old.write_text("class Algorithm: pass\n")
+    monkeypatch.setattr("moebench.backends.ncclep.package_file", lambda module, rel: old)
+    with pytest.raises(WorkloadError, match="has no ZeroCopyMode .* use zero_copy=0"):
+        NcclEPBackend(knob_values={"mode": "ht", "zero_copy": 1}).validate(wl(), 2)
+    NcclEPBackend(knob_values={"mode": "ht", "zero_copy": 0}).validate(wl(), 2)
+
+
 def test_ncclep_takes_both_modes_and_fp8():
     for mode in ("ht", "ll"):
         NcclEPBackend(knob_values={"mode": mode}).validate(wl(), 2)
@@ -117,12 +132,19 @@ def test_native_failure_is_an_exception_a_stage_reports():
 
 def test_megatron_flags_ncclep_and_no_path_for_deepep_v2():
     f = megatron_flags("ncclep", "0.19.2", ep=8, capacity_factor=2.0)
-    assert f.megatron_lm == ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "ncclep",
-                             "--moe-expert-rank-capacity-factor", "2"]
+    base = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "ncclep",
+            "--moe-expert-rank-capacity-factor", "2"]
+    # moebench times ncclep with Megatron's static shape + zero copy by default: the flags say so, with what 0.19
+    # requires of them; a run timed without (zero_copy=0) gets neither
+    assert f.megatron_lm == [*base, "--moe-ncclep-static-shape", "--moe-ncclep-zero-copy", "--moe-grouped-gemm",
+                             "--use-transformer-engine-op-fuser"]
+    assert "model.moe_ncclep_zero_copy=true" in f.megatron_bridge
     assert any("Transformer Engine" in n and "NCCL EP" in n for n in f.notes)
-    said = " | ".join(megatron_flags("ncclep", "0.19.2", ep=4, tp=2).notes)
+    assert any("requires --moe-ncclep-static-shape for --moe-ncclep-zero-copy" in n for n in f.notes)
+    assert megatron_flags("ncclep", "0.19.2", ep=8, capacity_factor=2.0, zero_copy=False).megatron_lm == base
+    said = " | ".join(megatron_flags("ncclep", "0.19.2", ep=4, tp=2, zero_copy=False).notes)
     assert "bf16 payloads only" in said and "_require_bf16" in said and "Transformer Engine 2.18 exactly" in said
-    assert "top-k x TP (2)" in said and "moe_ncclep_static_shape" in said and "num_topk" in said
+    assert "top-k x TP (2)" in said and "--moe-ncclep-static-shape" in said and "num_topk" in said
     assert "accepted with flex on megatron-core 0.19" in said and "alltoall only" in " ".join(
         megatron_flags("deepep", "0.16.1", ep=8).notes)
     with pytest.raises(FlagsError, match="no ncclep dispatcher"):

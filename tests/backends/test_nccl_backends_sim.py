@@ -4,17 +4,20 @@ replaced in each rank), deepep-v2 over its stand-in (tests/fakes/deep_ep_v2). Bo
 view's calls, teardown, the group ncclep configures, the byte rules, the NCCL gate and the last lines of a failed
 kernel compile (wrong arguments to the facade: test_nccl_ep_facade.py). Without the wheel (README's test line
 installs it) the ncclep cases are left out."""
+import contextlib
+
 import pytest
 import torch
 
-from conftest import FAKES
+from conftest import FAKES, TorchOps
+from moebench import ops
 from moebench.backends import Unavailable, get
 from moebench.backends.nccl_family import NativeFailure
 from moebench.core import reference, traffic, workload
 from moebench.core.workload import Workload
 from moebench.env.toolkit import installed
 from moebench.harness.launch import run_ranks
-from moebench.harness.oracle import check
+from moebench.harness.oracle import check, combine_error, dispatch_error, grouped
 
 NCCL_2307 = {"path": "/opt/nccl/lib/libnccl.so.2", "version": "2.30.7"}
 HAVE_NCCL_EP = installed("nccl.ep")         # without it the ncclep cases are left out (test_nccl_ep_facade.py skips)
@@ -45,6 +48,42 @@ def native_layer(cases):
     return registry
 
 
+def recorder(b, name: str) -> TorchOps:
+    """What the timed calls run through torch, the library's calls and moebench's own ops each one op."""
+    rec = TorchOps().opaque(ops, "permute", "unpermute", "sort_chunks_by_idxs", label="moebench.")
+    if name == "ncclep":
+        from nccl._extensions.bindings import nccl_ep
+        return rec.opaque(nccl_ep, "dispatch", "combine", "update_handle", "create_handle", label="nccl_ep.")
+    return rec.opaque(b.buffer, "dispatch", "combine", label="deep_ep.")
+
+
+def timed_calls(b, name, native, payload, idx, wt, s, d, y):
+    """The api and cached calls (as the views time them) after the check: {call: (torch glue, host reads)}."""
+    rec, out = recorder(b, name), {}
+    calls = {"api dispatch": lambda: b.dispatch(payload, idx, wt, s), "api combine": lambda: b.combine(y, d.handle)}
+    calls.update({f"cached {p}": fn for p, fn in b.cached_phases(payload, idx, wt, s, d, y).items()})
+    for call, fn in calls.items():
+        reads = [0]
+        with native.host_reads() if native is not None else contextlib.nullcontext([0]) as reads:
+            _, seen = rec.run(fn)
+        out[call] = (TorchOps.glue(seen), reads[0])
+    return out
+
+
+def chained_pair(b, w, ctx, payload, idx, wt, s, d, y) -> str:
+    """The chained view's pair (chained_plan) run twice as the view runs it, the last through the oracle: '' when
+    right, `none: why` where the backend has none, else what was wrong."""
+    plan = b.chained_plan(payload, idx, wt, s, d, y)
+    if isinstance(plan, str):
+        return f"none: {plan}"
+    for _ in range(2):
+        dg = plan.dispatch()
+        if plan.between:
+            plan.between(dg)
+        out = plan.combine(dg)
+    return dispatch_error(dg, w, ctx.rank, ctx.device) or combine_error(out, payload, idx, wt, w, s)
+
+
 def round_trips(ctx, cases, found=NCCL_2307):
     with_nccl(found)
     native = native_layer(cases)
@@ -60,20 +99,25 @@ def round_trips(ctx, cases, found=NCCL_2307):
         x, idx, wt, q, s = workload.rank_inputs(w, ctx.rank)
         payload = q if q is not None else x
         err, d, y = check(b, w, ctx.rank, payload, idx, wt, s, ctx.device)
+        d_rows = grouped(d).x_RH.clone()
         views = b.cached_phases(payload, idx, wt, s, d, y)
         calls = native.CALLS if name == "ncclep" else b.buffer.calls
         before = len(calls)
         reads = [0]
         if views and name == "ncclep":
             with native.host_reads() as reads:
-                rows = views["dispatch"]().x_RH
+                again = views["dispatch"]()
         else:
-            rows = views["dispatch"]().x_RH if views else d.x_RH
+            again = views["dispatch"]() if views else d
+        rows = grouped(again).x_RH                    # the oracle's view: a host read of the counts, after
         comb = views["combine"]() if views else None
-        r = {"check": err, "rows_equal": torch.equal(rows.view(torch.uint8), d.x_RH.view(torch.uint8)),
+        r = {"check": err, "rows_equal": torch.equal(rows.view(torch.uint8), d_rows.view(torch.uint8)),
              "combine": reference.check_combine(comb, reference.expected_combine(payload, idx, wt, w, s))
              if comb is not None else "", "cached_calls": calls[before:], "cached_host_reads": reads[0],
-             "views": sorted(views), "native": b.native_bytes(d), "knobs": b.knobs(), "bypassed": list(b.bypassed)}
+             "views": sorted(views), "native": b.native_bytes(d), "knobs": b.knobs(), "bypassed": list(b.bypassed),
+             "slots": d.slots, "probs_carried": d.probs_R is not None}
+        r["timed"] = timed_calls(b, name, native if name == "ncclep" else None, payload, idx, wt, s, d, y)
+        r["chained"] = chained_pair(b, w, ctx, payload, idx, wt, s, d, y)
         before = len(calls)
         b.teardown()
         r["teardown_calls"] = calls[before:]
@@ -88,6 +132,7 @@ def small(**kw):
 
 
 NCCLEP = [(small(), "ncclep", {"mode": "ht"}), (small(dtype="fp8"), "ncclep", {"mode": "ht"}),
+          (small(), "ncclep", {"mode": "ht", "zero_copy": 0}),
           (small(), "ncclep", {"mode": "ll"}), (small(dtype="fp8"), "ncclep", {"mode": "ll"})]
 DEEPEP_V2 = [(small(), "deepep-v2", {}), (small(dtype="fp8"), "deepep-v2", {}), (small(), "deepep-v2", {"expand": 1}),
              (small(), "deepep-v2", {"num_qps": 200})]      # above the automatic 129 QPs: allocated as asked
@@ -104,8 +149,11 @@ def test_both_pass_the_oracle_in_every_mode_and_dtype(fakes, ep):
             label = f"{name} {knobs} {w.dtype} EP {ep} rank {rank}"
             assert r.get("check") == "" and r["combine"] == "" and r["rows_equal"], (label, r)
             assert r["knobs"]["libnccl"] == NCCL_2307 and "NCCL_MULTI_RANK_GPU_ENABLE=1" in r["bypassed"][0], label
+            no_glue_timed(r, name, knobs, label)
+            fp8_ll, expand = knobs.get("mode") == "ll" and w.dtype == "fp8", knobs.get("expand")
+            assert r["chained"] == "" or ((fp8_ll or expand) and r["chained"].startswith("none: ")), (label, r["chained"])
             if name == "ncclep":
-                ncclep_calls_and_config(r, w, knobs["mode"], label)
+                ncclep_calls_and_config(r, w, knobs, label)
             elif knobs.get("expand"):  # DeepEP refuses a cached expanded dispatch
                 assert r["views"] == [] and r["native"] is None, label
             else:                      # test_ep.py's rule: received rows x (payload + ids + weights)
@@ -115,16 +163,37 @@ def test_both_pass_the_oracle_in_every_mode_and_dtype(fakes, ep):
                 assert r["cached_calls"] == ["dispatch(handle)", "combine"], (label, r["cached_calls"])
 
 
-def ncclep_calls_and_config(r, w, mode, label):
+def no_glue_timed(r, name, knobs, label):
+    """Every timed call is the library's and moebench's own ops: no torch multiply, gather, scatter or copy (Megatron
+    runs none), but ncclep's zero_copy=0 combine, whose one copy is Megatron's re-expansion without zero copy; the
+    probs go to the experts, except in ncclep's ll, whose combine weighs in its kernel; ll hands over its slots."""
+    zc_off = knobs.get("zero_copy") == 0
+    for call, (glue, reads) in r["timed"].items():
+        want = ["copy"] if zc_off and call.endswith("combine") else []
+        assert glue == want, (label, call, glue)
+        if name == "ncclep" and not (zc_off and call == "api dispatch"):
+            assert reads == 0, (label, call, "read values on the host")
+    ll = knobs.get("mode") == "ll"
+    assert r["slots"] == ll and r["probs_carried"] == (not ll), (label, r["slots"], r["probs_carried"])
+
+
+def ncclep_calls_and_config(r, w, knobs, label):
     """ep_bench's timed loop (the handle keeps its routing: no update; ht without a host wait), a teardown that
-    frees what setup made, and the group ep_bench configures (ht: a fixed budget of the expert-major worst case)."""
+    frees what setup made (ht with zero copy: its three windows, fp8 scales among them), the group ep_bench
+    configures (ht: a fixed budget of the expert-major worst case) and, with zero copy, NCCL EP's ON."""
+    mode, zc = knobs["mode"], knobs["mode"] == "ht" and knobs.get("zero_copy", 1)
     assert r["cached_calls"] == ["dispatch", "combine"] and r["knobs"]["nccl_ep_lib"] == "0.2.0", (label, r)
-    assert r["teardown_calls"] == ["handle_destroy", "group_destroy", "comm_destroy"], (label, r["teardown_calls"])
+    windows = ["comm_window_deregister"] * ((3 if w.dtype == "fp8" else 2) if zc else 0)
+    assert r["teardown_calls"] == ["handle_destroy", "group_destroy", *windows, "comm_destroy"], (label, r)
     c = r["group_config"]
     assert c["num_topk"] == w.topk and c["max_token_bytes"] >= max(w.bytes_per_token, 2 * w.hidden), (label, c)
+    assert c["zero_copy"] == (2 if zc else 0), (label, c)
     if mode == "ht":
         assert r["cached_host_reads"] == 0, (label, "the cached ht dispatch read values on the host")
         assert c["max_recv_tokens_per_rank"] == w.ep * w.num_tokens * w.topk, (label, c)
+        assert r["knobs"]["zero_copy"] == int(zc) and r["knobs"]["library_zero_copy"] == (
+            "ON: dispatch output and combine input are NCCL windows (the library's token staging elided)" if zc
+            else None), (label, r["knobs"])
 
 
 @pytest.mark.slow

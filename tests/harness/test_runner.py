@@ -24,3 +24,14 @@ def test_wrong_tokens_fail_the_check_and_skip_timing():
     outs = run_ranks(run_fake, 2, "cpu", timeout_s=60, args=("test-wrong", "conftest:WrongTokens"))
     assert {o.status for o in outs} == {"FAIL"}
     assert outs[0].error.startswith("dispatch: rank") and outs[0].phases == {}
+
+
+def test_a_backend_that_weighs_in_combine_too_fails_the_check():
+    """The experts apply the probs dispatch handed them (as Megatron's do); a combine that weighs again squares the
+    weights: FAIL before any timing, on every rank."""
+    outs = run_ranks(run_fake, 2, "cpu", timeout_s=60, args=("test-weighs-twice", "conftest:WeighsTwice"))
+    assert {o.status for o in outs} == {"FAIL"}
+    assert outs[0].error.startswith("combine: combine token") and outs[0].phases == {}
+    right = run_ranks(run_fake, 2, "cpu", timeout_s=60, args=("alltoall", "moebench.backends.alltoall:AlltoallBackend"))
+    assert {o.status for o in right} == {"PASS"}
+    assert right[0].knobs["num_sms_used"] == "gloo"        # what ran: the host's exchange, no SMs (not "nccl")

@@ -10,10 +10,11 @@ and simulate NCCL EP over the communicator's gloo group, with the library's chec
 So the facade's own code runs as on a GPU (its dataclasses, Tensor descriptors, argument order, the unique-id
 broadcast of get_nccl_comm_from_group), and a wrong argument fails on CPU as the library would fail it.
 
-Simulated: HIGH_THROUGHPUT, eager (max_recv_tokens_per_rank 0) and with a fixed budget, and LOW_LATENCY, both with
-Layout.EXPERT_MAJOR; dispatch recipes NONE and FWD, combine NONE, forward passes; max_token_bytes as the size of
-every staged row; the JIT's compile failure (FAKE_NCCL_EP_JIT_FAIL=1). Not simulated: FLAT and RANK_MAJOR layouts,
-backward passes, DS_FP8E3M4 and NVFP4, send_only, windows and zero copy, handle_mem, masks, CUDA streams and graph
+Simulated: HIGH_THROUGHPUT, eager (max_recv_tokens_per_rank 0) and with a fixed budget, with and without zero copy
+(windows registered on the communicator, GroupConfig.zero_copy ON), and LOW_LATENCY, both with Layout.EXPERT_MAJOR;
+dispatch recipes NONE and FWD, combine NONE, forward passes; max_token_bytes as the size of every staged row; the
+JIT's compile failure (FAKE_NCCL_EP_JIT_FAIL=1). Not simulated: FLAT and RANK_MAJOR layouts,
+backward passes, DS_FP8E3M4 and NVFP4, send_only, LL windows, handle_mem, masks, CUDA streams and graph
 capture (the stream argument is ignored), several nodes, OverflowPolicy DROP, the SM count a GPU has.
 
 Every rank process calls `install()` itself (run_ranks spawns fresh interpreters); tests/fakes must be on sys.path.
@@ -42,6 +43,8 @@ def install() -> None:
         setattr(nccl_bindings, fn.__name__, fn)
     if not torch.cuda.is_available():
         interop.torch = libnccl.CpuTorch()
+        from nccl.core.communicator import Communicator    # a CPU rank's buffers are on no device: nothing to match
+        Communicator._validate_buffer_device = lambda self, buffer, buffer_name="buffer": None
 
 
 def get_version() -> int:

@@ -1,5 +1,7 @@
 """HIGH_THROUGHPUT EXPERT_MAJOR dispatch and combine (header `nccl_ep.h:836-876`; ext `nccl_ep.cc:3600-4140`,
-`:4530-4720`), in the library's default path for ranks of one node without zero copy (kLocalPermute, `:1933-1953`).
+`:4530-4720`), in the library's default path for ranks of one node without zero copy (kLocalPermute, `:1933-1953`),
+and with it (GroupConfig.zero_copy ON: dispatch's outputs and combine's input must be NCCL windows; the rows are the
+same, docs/zero-copy.md).
 
 dispatch writes one row per (source token, local expert) from row 0, grouped by local expert, then source rank, then
 token (the handle's rows, handle.py); padding rows inside an expert's zone are zero; rows past the total are left as
@@ -19,7 +21,28 @@ from gloo_bytes import garbage, gather, u8
 
 from . import failures as f
 from .failures import COMBINE
+from .libnccl import window_of
 from .recipes import FWD
+
+ZERO_COPY_ON = 2            # ncclEpZeroCopyMode_t NCCL_EP_ZERO_COPY_ON
+
+
+def windowed(d) -> bool:
+    """The descriptor is backed by a live NCCL window that covers its bytes."""
+    if not d.win:
+        return False
+    w = window_of(d.win)
+    return w.ptr <= d.data and d.data + d.row_bytes * (d.sizes[0] if d.sizes else 0) <= w.ptr + w.size
+
+
+def require_windows(g, descs, call: str) -> None:
+    """zero_copy ON: HT dispatch's token (and FWD scale) outputs and combine's token input must be windows; a plain
+    tensor there is ncclInvalidArgument (docs/zero-copy.md "Under ON")."""
+    if g.config["zero_copy"] != ZERO_COPY_ON:
+        return
+    for d, what in descs:
+        if d is not None and not windowed(d):
+            f.invalid(f.INVALID_ARGUMENT, f"NCCL EP: zero_copy ON requires a window-backed {what} ({call})")
 
 
 def dispatch(h, c) -> None:
@@ -51,6 +74,7 @@ def dispatch(h, c) -> None:
     if c.recipe == FWD and rs.sizes[0] < rows:
         f.invalid(f.INVALID_ARGUMENT, f"NCCL EP: dispatch recv scale buffer too small: {rs.sizes[0]} rows < {rows} "
                   "required")
+    require_windows(g, ((rx, "outputs->tokens"), (rs if c.recipe == FWD else None, "outputs->scales")), "dispatch")
     f.jit_launch("dispatch", f"dispatch_LSATeams1_lsa{g.nranks}_hdim{x.sizes[1]}_maxt{g.max_tokens}")
     if rw is None or c.ridx is not None:
         f.invalid(f.INVALID_ARGUMENT)                                               # :4080-4089
@@ -98,6 +122,7 @@ def combine(h, c) -> None:
               "illegal address, no error")
     f.device_assert(y.sizes[0] >= em["total"], "local_permute_reduce (device ht_ep.cuh:5374)",
                     f"es < caller_num_recv_tokens: combine input has {y.sizes[0]} rows, the routing {em['total']}")
+    require_windows(g, ((y, "inputs->tokens"),), "combine")
     f.jit_launch("combine", f"combine_LSATeams1_lsa{g.nranks}_hdim{y.sizes[1]}")
     rows, send = y.tensor(), {}
     for (_, s, toks, _), b in zip(em["pairs"], em["begins"]):

@@ -1,7 +1,9 @@
 """libnccl as nccl4py 0.6.0 reaches it (`nccl.bindings.nccl`, the Cython module), as far as the real `nccl.core`
-needs it for `nccl.ep.interop.torch.get_nccl_comm_from_group` (wheel `interop/torch.py:30-77`) and
-`Communicator.destroy`: get_unique_id, comm_init_rank_scalable (what `Communicator.init` calls, nccl4py
-`core/communicator.py:1087`; destroy: `:1290-1317`), comm_count, comm_user_rank, comm_destroy.
+needs it for `nccl.ep.interop.torch.get_nccl_comm_from_group` (wheel `interop/torch.py:30-77`),
+`Communicator.destroy` and the windows of NCCL EP's zero copy: get_unique_id, comm_init_rank_scalable (what
+`Communicator.init` calls, nccl4py `core/communicator.py:1087`; destroy: `:1290-1317`), comm_count, comm_user_rank,
+comm_destroy, comm_window_register (collective: every rank registers; a symmetric window the same size on each) and
+comm_window_deregister (`core/resources.py:274-290`).
 
 A communicator is this process's torch world group (the CPU ranks of run_ranks, over gloo): one of another size or
 rank order is refused. The facade broadcasts rank 0's unique id over the group (kept real); the fake checks what
@@ -67,7 +69,39 @@ def comm_destroy(comm):
     release(comm.handle)
 
 
-FUNCTIONS = (get_unique_id, comm_init_rank_scalable, comm_count, comm_user_rank, comm_destroy)
+@dataclass
+class Window:
+    comm: Comm
+    ptr: int
+    size: int
+    flags: int
+
+
+COLL_SYMMETRIC = 0x01
+
+
+@recorded
+def comm_window_register(comm, buff, size, win_flags):
+    c = comm_of(comm.handle)
+    sizes = gather(None, int(size))
+    if win_flags & COLL_SYMMETRIC and len(set(sizes)) != 1:
+        raise RuntimeError(f"fake libnccl: a symmetric window of different sizes on the ranks ({sizes}): the real "
+                           "registration fails or corrupts peers' views")
+    return bindings.Window(new_ptr(Window(c, int(buff), int(size), int(win_flags))))
+
+
+@recorded
+def comm_window_deregister(comm, win):
+    window_of(win.handle)
+    release(win.handle)
+
+
+def window_of(ptr: int) -> Window:
+    return lookup(ptr, Window, "ncclWindow_t")
+
+
+FUNCTIONS = (get_unique_id, comm_init_rank_scalable, comm_count, comm_user_rank, comm_destroy, comm_window_register,
+             comm_window_deregister)
 
 
 class _CpuCuda:

@@ -46,6 +46,7 @@ class Desc:
     data: int
     sizes: tuple[int, ...]
     datatype: int
+    win: int = 0                # win_hdl: an NCCL window (zero copy), 0 for a plain device pointer
 
     @property
     def ndim(self) -> int:
@@ -82,4 +83,4 @@ def desc(ptr: int, required: bool = False, func: str = DISPATCH) -> Desc | None:
     sizes = tuple(int(s) for s in (ctypes.c_size_t * t.ndim_).from_address(t.sizes)) if t.ndim_ else ()
     c_assert(0 in sizes or t.data_ or t.win_hdl, 285, '(tensorIsEmpty(t) || tensorHasBinding(t)) && "ncclEpTensor_t '
              'has no storage binding — set `.data` or (`.win_hdl` [+ `.win_offset`])"', func)
-    return Desc(int(t.data_), sizes, int(t.datatype))
+    return Desc(int(t.data_), sizes, int(t.datatype), int(t.win_hdl))
