@@ -199,18 +199,20 @@ def decisions_from_results(records: list[dict], version: str, overlap: bool = Fa
         d = decide(recs, min_gain, view, version)
         w = recs[0]["workload"]
         sums = summarize(recs, view)
-        sms = num_sms
+        sms, zero_copy = num_sms, True
         env_domain = None
         if d["winner_record"]:
             won = sums[d["winner_record"]]
             sms = sms if sms is not None else _knob_sms(won.knobs)
+            zero_copy = bool(won.knobs.get("zero_copy"))        # records older than the knob were timed without
             domain_env = BACKENDS[d["winner"]].domain_env
             env_domain = won.env.get(domain_env) if domain_env else None
         domain = _count(env_domain) or min(w["ep"], w.get("gpus_per_node", w["ep"]))
         ov = _overlap_verdict(recs, d) if overlap else None
         flags = megatron_flags(d["winner"], version, sms if BACKENDS[d["winner"]].flex else None,
                                bool(ov and ov["on"]), ep=w["ep"], ranks_per_nvlink_domain=domain,
-                               domain_found=w.get("gpus_per_node"), capacity_factor=capacity_factor)
+                               domain_found=w.get("gpus_per_node"), capacity_factor=capacity_factor,
+                               zero_copy=zero_copy)
         if ov:
             flags.notes.insert(0, ("overlap on: " if ov["on"] else "overlap not emitted: ") + ov["why"])
         for k, v in best.get(d["winner_record"], {}).items():   # env knobs of the swept best setting

@@ -49,10 +49,11 @@ class FlagSet:
 
 def megatron_flags(backend: str, version: str, num_sms: int | None = None, overlap: bool = False,
                    ep: int | None = None, ranks_per_nvlink_domain: int | None = None, tp: int = 1,
-                   domain_found: int | None = None, capacity_factor: float = 1.5) -> FlagSet:
+                   domain_found: int | None = None, capacity_factor: float = 1.5, zero_copy: bool = True) -> FlagSet:
     """The Megatron-LM flags, Megatron-Bridge overrides (and its performance harness's form) and env for one
     dispatcher backend. ep / tp: the training run's, where known; domain_found: the ranks per NVLink domain
-    found on the target machine, where known."""
+    found on the target machine, where known; zero_copy: ncclep was timed with Megatron's static shape and zero
+    copy (moebench's default, the record's knob zero_copy)."""
     backend = megatron_map.megatron_name(backend)
     if backend in megatron_map.NO_PATH:
         raise FlagsError(megatron_map.NO_PATH[backend])
@@ -88,7 +89,7 @@ def megatron_flags(backend: str, version: str, num_sms: int | None = None, overl
                 f.notes.append(f"set {mb.domain_env} to the GPUs per NVLink domain "
                                f"if {backend}'s detection is wrong (not known here)")
         if backend == "ncclep":
-            _add_ncclep(f, capacity_factor, tp)
+            _add_ncclep(f, capacity_factor, tp, zero_copy)
         if mb.requires:
             f.notes.append(f"{backend} needs {mb.requires}")
         f.notes.append("recommended with flex: --moe-router-dtype fp32 (model.moe_router_dtype=fp32); "
@@ -110,11 +111,14 @@ SHARED_OVERLAP_019 = ("--moe-shared-expert-overlap is accepted with flex on mega
                       "alltoall or flex), but Megatron-Bridge's apply_flex_dispatcher_backend still turns it off")
 
 
-def _add_ncclep(f: FlagSet, capacity_factor: float, tp: int) -> None:
+def _add_ncclep(f: FlagSet, capacity_factor: float, tp: int, zero_copy: bool) -> None:
     """What megatron-core 0.19 with Transformer Engine needs for ncclep beyond the flags (read in core_v0.19.0
-    fused_a2a.py / token_dispatcher.py and TE 2.17.1 / 2.18 / 2.19 pytorch/ep.py)."""
+    fused_a2a.py / token_dispatcher.py / transformer_config.py and TE 2.17.1 / 2.18 / 2.19 pytorch/ep.py)."""
     f.megatron_lm += ["--moe-expert-rank-capacity-factor", f"{capacity_factor:g}"]
     f.megatron_bridge.append(f"model.moe_expert_rank_capacity_factor={capacity_factor:g}")
+    if zero_copy:
+        f.megatron_lm += [*ZERO_COPY_FLAGS]
+        f.megatron_bridge += [f"model.{a[2:].replace('-', '_')}=true" for a in ZERO_COPY_FLAGS]
     f.notes += [
         f"capacity factor {capacity_factor:g}: each rank's receive budget is tokens (rounded up to 64) x top-k x TP "
         f"({tp}) x the factor rows; NCCL EP traps on overflow, so it must cover the busiest rank's (token, expert) "
@@ -125,8 +129,19 @@ def _add_ncclep(f: FlagSet, capacity_factor: float, tp: int) -> None:
         "recv_tokens=, recv_topk_weights=) and ep_combine(..., grad_out=), which 2.17.1 lacks, and 2.19's "
         "ep_bootstrap requires num_topk, which 0.19 does not pass; TE must be built with NCCL EP (NVTE_WITH_NCCL_EP: "
         "its transformer_engine_torch carries ep_initialize), over NCCL >= 2.30.4",
-        "overlap (--overlap-moe-expert-parallel-comm) without moe_ncclep_static_shape is serialized: each dispatch "
-        "waits on a device-to-host copy of the counts"]
+        ZERO_COPY_NOTE if zero_copy else
+        "timed without zero copy (zero_copy=0): no --moe-ncclep-static-shape / --moe-ncclep-zero-copy; then overlap "
+        "(--overlap-moe-expert-parallel-comm) is serialized: each dispatch waits on a device-to-host copy of the "
+        "counts"]
+
+
+ZERO_COPY_FLAGS = ("--moe-ncclep-static-shape", "--moe-ncclep-zero-copy", "--moe-grouped-gemm",
+                   "--use-transformer-engine-op-fuser")
+ZERO_COPY_NOTE = ("timed as moebench's ncclep times it by default (zero_copy=1): the experts write into NCCL EP's "
+                  "window-backed combine buffer, the counts stay on the device; megatron-core 0.19 requires "
+                  "--moe-ncclep-static-shape for --moe-ncclep-zero-copy (ValueError otherwise), and static shape "
+                  "requires --use-transformer-engine-op-fuser with --moe-grouped-gemm (with fp8/fp4 also an sm100+ GPU "
+                  "and NVTE_CUTEDSL_FUSED_GROUPED_MLP=1); token_dispatcher.py _NCCLEPManager")
 
 
 def check_parallelism(mb, ep: int | None, tp: int, domain: int | None, domain_found: int | None) -> None:

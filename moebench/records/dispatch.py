@@ -126,10 +126,12 @@ def build_soak(spec, name: str, dedup: bool, ranks: list[dict], error, crash, ar
     """The soak's record (phase "soak"): its counts, PASS or FAIL with the calls and rows named."""
     s = soak_of(spec.soak, ranks, error, crash, spec.soak_seconds)
     status, why = soak_verdict(s)
-    shared = SharedGpu(spec.ranks_per_gpu, [], SHARED_NOTE) if spec.ranks_per_gpu > 1 else None
+    first = next((r for r in ranks if r.get("knobs") is not None), {})       # rank 0's where it got that far
+    shared = SharedGpu(spec.ranks_per_gpu, first.get("bypassed") or [], SHARED_NOTE) if spec.ranks_per_gpu > 1 else None
     return [DispatchRecord(
         argv=argv, repro=provenance.repro_command(argv, "moebench.dispatch"), workload=spec.workload.asdict(),
-        device=spec.device, backend={"name": name, "dedup": dedup}, phase="soak", timing=None,
+        device=spec.device, backend={"name": name, "knobs": first.get("knobs") or {}, "dedup": dedup}, phase="soak",
+        timing=None,
         traffic=Traffic(note="a soak checks outputs; it is not timed").asdict(),
         check=Check(status, why or None, crash).asdict(), env=provenance.provenance(), start_utc=start,
         end_utc=provenance.utc_now(), functional=spec.functional, shared_gpu=shared.asdict() if shared else None,

@@ -102,6 +102,7 @@ def test_a_soak_its_budget_ends_with_none_corrupted_is_budget_exit_3_with_where_
     assert set(s["stage_ms"]) == set(soak.STAGES) and all(v >= 0 for v in s["stage_ms"].values())
     assert sum(s["stage_ms"].values()) * s["calls"] / 1e3 <= 4.0 * 1.5 and s["checked_on"] == "cpu"
     assert f"# soak alltoall: BUDGET 0 of {s['calls']}" in p.stdout and "--soak-seconds ran out" in p.stdout
+    assert rec["backend"]["knobs"]["ops_impl"] == "auto" and "num_sms_used" in rec["backend"]["knobs"]   # as phases'
 
 
 def test_a_soak_the_timeout_cut_while_advancing_is_budget_and_a_crash_is_still_fail():

@@ -224,3 +224,14 @@ def test_cli_empty_results_exit_2(tmp_path, capsys):
     p.write_text(json.dumps({"something": "else"}) + "\n")
     assert megatron.main(["flags", "--results", str(p), "--megatron-core-version", "0.19.2"]) == 2
     assert "no moebench.dispatch records" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("zero_copy", [1, 0, None])
+def test_ncclep_winner_flags_say_how_it_was_timed(zero_copy):
+    """An ncclep winner timed with Megatron's static shape + zero copy gets those flags; one timed without (or a
+    record older than the knob) does not."""
+    knobs = {"mode": "ht", **({"zero_copy": zero_copy} if zero_copy is not None else {})}
+    [d] = ab.decisions_from_results(pair("alltoall", 500, 600) + pair("ncclep", 300, 350, knobs=knobs), "0.19.2")
+    lm = d["flags"]["megatron_lm"]
+    assert d["winner"] == "ncclep" and ("--moe-ncclep-zero-copy" in lm) == bool(zero_copy)
+    assert ("--moe-ncclep-static-shape" in lm) == bool(zero_copy)
