@@ -24,3 +24,22 @@ def test_wrong_tokens_fail_the_check_and_skip_timing():
     outs = run_ranks(run_fake, 2, "cpu", timeout_s=60, args=("test-wrong", "conftest:WrongTokens"))
     assert {o.status for o in outs} == {"FAIL"}
     assert outs[0].error.startswith("dispatch: rank") and outs[0].phases == {}
+
+
+def test_cases_of_one_backend_share_one_launch(monkeypatch):
+    """run_cases: bf16 and fp8 on the same two ranks, one launch, each case's records as run_case builds them; a
+    case another launch would need is refused before any."""
+    from moebench.harness import runner
+    launches = []
+    real = runner.run_ranks
+    monkeypatch.setattr(runner, "run_ranks", lambda *a, **k: (launches.append(a[0].__name__), real(*a, **k))[1])
+    specs = [RunSpec(W.replace(dtype=d, hidden=128), ("alltoall",), iters=1, views=("api",)).check() for d in ("bf16", "fp8")]
+    got = runner.run_cases(specs, "alltoall")
+    assert launches == ["rank_cases"]
+    for spec, recs in zip(specs, got):
+        assert [(r["phase"], r["check"]["status"], r["workload"]["dtype"]) for r in recs] == [
+            ("dispatch", "PASS", spec.workload.dtype), ("combine", "PASS", spec.workload.dtype)]
+        assert recs[0]["argv"] == spec.to_argv() and recs[0]["functional"]
+    import pytest
+    with pytest.raises(ValueError, match="one launch cannot serve"):
+        runner.run_cases([specs[0], specs[0].replace(workload=W.replace(ep=4, num_experts=8))], "alltoall")
