@@ -58,7 +58,7 @@ done
 
 OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 S=$(mktemp -d /tmp/round.XXXXXX)             # each step's files, bundled into $OUT/results.tgz
-exec > >(tee -a "$OUT/round.log") 2>&1
+exec > >(tee -a "$OUT/round.log") 2>&1; TEE=$!
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 source bench/device_env.sh                    # PYTHONPATH, the carried wheels, $GPU, step()
 RESERVE=${RESERVE:-15} MIN_LEFT=${MIN_LEFT:-10}; END=$(( T0 + BUDGET - RESERVE )) STEP_END=$(( T0 + BUDGET - RESERVE ))
@@ -192,7 +192,7 @@ step_permute() {
   t 200 python3 -m moebench.permute --dtype fp8 --ops permute --shapes 4096x7168x8x256,16384x7168x8x256 \
     --ops-impl "${FP8_IMPLS:-megatron,triton,cuda}" --iters 30 --out "$D/permute-$GPU-fp8.jsonl"
   [[ ${SKIP_FANOUT:-0} == 1 ]] && return
-  t 120 nvcc -O3 -arch=sm_90a -std=c++17 moebench/csrc/probes/fanout_bw.cu -o /tmp/fanout_bw || return
+  t 120 "$(command -v nvcc || echo "$CUDA_HOME/bin/nvcc")" -O3 -arch=sm_90a -std=c++17 moebench/csrc/probes/fanout_bw.cu -o /tmp/fanout_bw || return
   local a
   for a in "--rows 4096 --row-bytes 14336" "--rows 16384 --row-bytes 14336" "--rows 8192 --row-bytes 4096" \
            "--rows 8192 --row-bytes 8192" "--rows 4096 --row-bytes 14336 --fanout 2"; do
@@ -272,4 +272,5 @@ for ask in "${STEPS[@]}"; do
   bundle
 done
 step done
-echo "# out: $(cd "$OUT" && ls | tr '\n' ' ')"
+echo "# out: $(cd "$OUT" && ls | xargs)"
+exec >&- 2>&-; wait "$TEE"                   # round.log whole before the call returns

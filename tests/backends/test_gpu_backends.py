@@ -38,7 +38,10 @@ MODES = {"ncclep": ["ht", "ll"]}                        # backends with several 
 
 
 def units():
-    for name in base.names():
+    """(backend, mode) of each test, Megatron's dispatchers first: the longest (megatron's import, torch.compile of
+    its dispatch preprocessing, HybridEP's nvcc runs: 20-50 s each in bench/results/gpu-tier-h100.log), so that
+    side-by-side workers start on them (conftest.slow_first)."""
+    for name in reversed(base.names()):
         for mode in MODES.get(name, [None]):
             yield pytest.param(name, mode, id=f"{name}-{mode}" if mode else name)
 
