@@ -103,7 +103,8 @@ packs() {
   export TRITON_CACHE_DIR=/tmp/moebench-jit/triton NCCL_EP_JIT_CACHE_DIR=/tmp/moebench-jit/nccl-ep \
     EP_JIT_CACHE_DIR=/tmp/moebench-jit/deepep-v2 TORCHINDUCTOR_CACHE_DIR=/tmp/moebench-jit/inductor
   mkdir -p $TRITON_CACHE_DIR $NCCL_EP_JIT_CACHE_DIR $EP_JIT_CACHE_DIR $TORCHINDUCTOR_CACHE_DIR   # one JIT cache each
-  $V2ENV python3 -c "import torch; from moebench.env import nccl; print('torch', torch.__version__, 'nccl', nccl.versions())"
+  command -v nvidia-smi >/dev/null && $V2ENV python3 -c \
+    "import torch; from moebench.env import nccl; print('torch', torch.__version__, 'nccl', nccl.versions())"
 }
 stamp_v2() {   # the V2 build's provenance beside its package (env/deepep.py build_info reads it)
   V2="$V2" NB="$NB" COMMIT="${DEEPEP_V2_COMMIT:-$(git -C .ext/DeepEP-main rev-parse HEAD 2>/dev/null)}" python3 - <<'PY'

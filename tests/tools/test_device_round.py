@@ -39,14 +39,14 @@ EXTRA = """ABOUT[ok]="writes a file"; ABOUT[slow]="sleeps past its share"; ABOUT
 ORDER+=(ok slow bad)
 step_ok() { t 30 sh -c "echo hi > $D/hello.txt"; }
 step_slow() { t 60 sleep 30; t 5 true; }
-step_bad() { t 1 sleep 5; t 1 sleep 5; }
+step_bad() { t 1 sleep 3; t 1 sleep 3; }
 """
 
 
 def test_steps_run_within_their_shares_with_one_summary_line_each(tmp_path):
     extra = tmp_path / "extra.sh"
     extra.write_text(EXTRA)
-    r = round_(tmp_path, "--budget", "100", "ok", "slow:3", "bad", ROUND_EXTRA=str(extra), MIN_LEFT="1",
+    r = round_(tmp_path, "--budget", "100", "ok", "slow:2", "bad", ROUND_EXTRA=str(extra), MIN_LEFT="1",
                RESERVE="1", MOEBENCH_GIT_SHA="abc1234")
     out = tmp_path / "out"
     lines = (out / "summary.txt").read_text().splitlines()
@@ -54,8 +54,8 @@ def test_steps_run_within_their_shares_with_one_summary_line_each(tmp_path):
     rows = {line.split()[0]: line for line in lines[1:]}
     assert rows["ok"].split()[1] == "PASS" and rows["ok"].split()[4] == "ok/hello.txt", rows
     assert rows["slow"].split()[1] == "cut" and "its share ended: sleep 30; not run: true" in rows["slow"], rows
-    assert rows["bad"].split()[1] == "FAIL" and "outran its 1 s: sleep 5 (x2)" in rows["bad"], rows
-    assert int(rows["slow"].split()[2]) < 10 and list(rows) == ["setup", "ok", "slow", "bad"]
+    assert rows["bad"].split()[1] == "FAIL" and "outran its 1 s: sleep 3 (x2)" in rows["bad"], rows
+    assert int(rows["slow"].split()[2]) < 5 and list(rows) == ["setup", "ok", "slow", "bad"]
     assert sorted(os.listdir(out)) == ["results.tgz", "round.log", "summary.txt"]
     with tarfile.open(out / "results.tgz") as tar:
         assert tar.extractfile("./ok/hello.txt").read() == b"hi\n"
