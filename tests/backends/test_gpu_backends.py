@@ -29,7 +29,7 @@ from moebench.backends import base
 from moebench.core.workload import WorkloadError
 from moebench.harness.runner import run_cases
 from moebench.harness.spec import RunSpec
-from moebench.records import schema
+from moebench.records import provenance, schema
 
 SHAPE = ["--num-tokens", "64", "--hidden", "2048", "--num-experts", "16", "--topk", "4"]   # every backend takes it
 EXPECT = [n for n in os.environ.get("MOEBENCH_EXPECT_BACKENDS", "").split(",") if n]
@@ -61,7 +61,8 @@ def cases(name: str, mode: str | None, cache_dir) -> list[tuple[str, list[str]]]
 
 @contextlib.contextmanager
 def first_on_path(path: str):
-    """`path` first on sys.path and PYTHONPATH while the ranks start (they take this process's sys.path)."""
+    """`path` first on sys.path and PYTHONPATH while the ranks start (they take this process's sys.path), and the
+    records' provenance read with it (the DeepEP build they name)."""
     if not path:
         yield
         return
@@ -69,6 +70,7 @@ def first_on_path(path: str):
     sys.path.insert(0, path)
     os.environ["PYTHONPATH"] = os.pathsep.join([path, *([saved_env] if saved_env else [])])
     importlib.invalidate_caches()
+    provenance.provenance.cache_clear()
     try:
         yield
     finally:
@@ -78,6 +80,7 @@ def first_on_path(path: str):
         else:
             os.environ["PYTHONPATH"] = saved_env
         importlib.invalidate_caches()
+        provenance.provenance.cache_clear()
 
 
 def spec_of(argv: list[str]) -> RunSpec:
