@@ -1,7 +1,9 @@
 """Test tiers and what the tests share.
 
 Tiers: the default CPU tier runs anywhere; `gpu` / `multigpu` tests skip without GPUs; `slow` marks the
-tests that launch many processes or run the Triton interpreter at length (`-m "not slow"` leaves them out).
+tests that launch many processes or run the Triton interpreter at length (`-m "not slow"` leaves them out); `alone`
+the GPU tests that time the GPU or read its memory, which the GPU tier runs with nothing beside them (the rest runs
+side by side under pytest-xdist, slow tests first: slow_first).
 tests/ mirrors moebench/ by concern (core, env, ops, backends, harness, records, checks, megatron, tools).
 
 Shared here, never imported from another test file: paths (ROOT, FAKES), the environment that puts the
