@@ -14,9 +14,10 @@ and warms up the exact config that will be timed. SM knobs: num_sms (dispatch an
 num_sms_dispatch, num_sms_combine, num_sms_preprocessing, num_blocks_permute, num_blocks_unpermute;
 without them HybridEP's own default (24 SMs in one NVLink domain, 8 across: its Configurer), which
 mcore-hybridep is given too, so that the two compare at one SM count. Each HybridEPBuffer compiles its kernels
-afresh (into $HYBRID_EP_CACHE_DIR or $HOME, under .deepep/hybrid_ep/jit) unless knob `load_cached_kernels=1`
-(HybridEP's own option) loads the ones compiled there before: setup, never a timed call, gets faster; keep the
-folder to one run at a time (HybridEP opens every .so in it, a half-written one too). The NVLink domain HybridEP
+afresh with nvcc (into $HYBRID_EP_CACHE_DIR or $HOME, under .deepep/hybrid_ep/jit) unless knob
+`load_cached_kernels=1` (HybridEPBuffer's own option) loads the ones compiled there before: setup, never a timed
+call, gets faster. Give such runs a folder of their own: the buffer opens the .so files it finds there, and another
+process's compile writes its unfinished .so into the same folder. The NVLink domain HybridEP
 uses is read from the buffer after construction and recorded in the knobs.
 
 Timing view `cached`, as tests/test_hybrid_ep.py times it: the checked dispatch's handle reused, so
