@@ -46,7 +46,7 @@ while (($#)); do case $1 in
   --budget) BUDGET=${2:-}; shift 2 || shift ;;
   --budget=*) BUDGET=${1#--budget=}; shift ;;
   --list) for s in "${ORDER[@]}"; do printf '%-11s %s\n' "$s" "${ABOUT[$s]}"; done; exit 0 ;;
-  -h|--help) sed -n '2,19p' "$0" | cut -c3-; exit 0 ;;
+  -h|--help) sed -n '2,20p' "$0" | cut -c3-; exit 0 ;;
   *) STEPS+=("$1"); shift ;;
 esac; done
 [[ $BUDGET =~ ^[1-9][0-9]*$ ]] || { echo "device_round: --budget wants whole seconds > 0, got '$BUDGET'" >&2; exit 2; }
