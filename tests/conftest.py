@@ -1,7 +1,9 @@
 """Test tiers and what the tests share.
 
 Tiers: the default CPU tier runs anywhere; `gpu` / `multigpu` tests skip without GPUs; `slow` marks the
-tests that launch many processes or run the Triton interpreter at length (`-m "not slow"` leaves them out).
+tests that launch many processes or run the Triton interpreter at length (`-m "not slow"` leaves them out); `alone`
+the GPU tests that time the GPU or read its memory, which the GPU tier runs with nothing beside them (the rest runs
+side by side under pytest-xdist, slow tests first: slow_first).
 tests/ mirrors moebench/ by concern (core, env, ops, backends, harness, records, checks, megatron, tools).
 
 Shared here, never imported from another test file: paths (ROOT, FAKES), the environment that puts the
@@ -42,6 +44,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "multigpu" in item.keywords and ngpu < 2:
             item.add_marker(pytest.mark.skip(reason=f"needs 2+ CUDA GPUs, {ngpu} visible"))
+    if hasattr(config, "workerinput"):          # a pytest-xdist worker: every worker orders alike
+        items[:] = slow_first(items)
+
+
+def slow_first(items: list) -> list:
+    """The `slow` tests (they launch processes: 15-50 s each in the GPU tier) first, each followed by one quick
+    test, then the rest: xdist's load scheduling hands each worker its first two tests, so every worker starts
+    on a slow one, and the quick ones fill the workers that finish early (`-n N --dist load --maxschedchunk 1`)."""
+    slow = [i for i in items if "slow" in i.keywords]
+    quick = [i for i in items if "slow" not in i.keywords]
+    paired = [t for k, s in enumerate(slow) for t in (s, *quick[k:k + 1])]
+    return paired + quick[len(slow):]
 
 
 def fake_env(**extra) -> dict:

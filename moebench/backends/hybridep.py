@@ -13,7 +13,11 @@ Kernels JIT-compile with $CUDA_HOME/bin/nvcc on first use of each config, so set
 and warms up the exact config that will be timed. SM knobs: num_sms (dispatch and combine),
 num_sms_dispatch, num_sms_combine, num_sms_preprocessing, num_blocks_permute, num_blocks_unpermute;
 without them HybridEP's own default (24 SMs in one NVLink domain, 8 across: its Configurer), which
-mcore-hybridep is given too, so that the two compare at one SM count. The NVLink domain HybridEP
+mcore-hybridep is given too, so that the two compare at one SM count. Each HybridEPBuffer compiles its kernels
+afresh with nvcc (into $HYBRID_EP_CACHE_DIR or $HOME, under .deepep/hybrid_ep/jit) unless knob
+`load_cached_kernels=1` (HybridEPBuffer's own option) loads the ones compiled there before: setup, never a timed
+call, gets faster. Give such runs a folder of their own: the buffer opens the .so files it finds there, and another
+process's compile writes its unfinished .so into the same folder. The NVLink domain HybridEP
 uses is read from the buffer after construction and recorded in the knobs.
 
 Timing view `cached`, as tests/test_hybrid_ep.py times it: the checked dispatch's handle reused, so
@@ -32,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.workload import WorkloadError, rank_inputs
-from .base import OPS_IMPL, Backend, Dispatched, Knob, Unavailable
+from .base import OPS_IMPL, SWITCH, Backend, Dispatched, Knob, Unavailable
 from ..env.deepep import build_version
 from .deepep_family import (
     FP8_FACTOR,
@@ -111,7 +115,7 @@ class HybridEPBackend(Backend):
     supports_fp8 = True
     comm_kernels = ("dispatch_kernel", "combine_kernel")   # as its test's bench_kineto names them
     KNOBS = {"mode": Knob(choices=MODES), "num_sms": Knob(low=1), **{k: Knob(low=1) for k in SM_KNOBS},
-             "ops_impl": OPS_IMPL}
+             "ops_impl": OPS_IMPL, "load_cached_kernels": SWITCH}
 
     @classmethod
     def available(cls):
@@ -160,7 +164,9 @@ class HybridEPBackend(Backend):
                               "HYBRID_EP_MULTINODE=1")
         self.impl = self.knob_values.get("ops_impl", "auto")     # "auto": the fastest per op
         self.buffer = HybridEPBuffer(group=group, hidden_dim=w.hidden, max_num_of_tokens_per_rank=w.num_tokens,
-                                     num_local_experts=w.local_experts, use_fp8=w.dtype == "fp8", **self._sm_kwargs())
+                                     num_local_experts=w.local_experts, use_fp8=w.dtype == "fp8", **self._sm_kwargs(),
+                                     **({"load_cached_kernels": True} if self.knob_values.get("load_cached_kernels")
+                                        else {}))
         self.rpd = int(self.buffer.num_of_hybrid_ep_ranks_per_nvlink_domain)    # what HybridEP found
         x, idx, wt, q, s = rank_inputs(w, self.rank, device)
         d = self.dispatch(q if q is not None else x, idx, wt, s)          # JIT-compiles this config

@@ -3,6 +3,10 @@
 Each backend runs in its own launch of rank processes, so one that crashes or hangs is reported
 FAIL and the next backend still runs. Rank results come back to the parent, which applies the
 byte rule (traffic.py) and builds the JSONL records (records/schema.DispatchRecord).
+
+`run_cases` runs several cases of one backend in one launch (the same ranks set each case up, check
+and time it, tear it down, then take the next): the start of the rank processes, their imports and
+the backend's in-process JIT caches are paid once, not per case (the GPU tier's oracle cases).
 """
 from __future__ import annotations
 
@@ -157,6 +161,42 @@ def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print, sink=
             sink(name, mine)
         recs += mine
     return recs
+
+
+def rank_cases(ctx: RankContext, cases: list) -> list[RankResult]:
+    """rank_main for each (spec, name, rank_pairs) in turn, on the same ranks (stage() keeps a failing case's
+    ranks together, so the next case still runs)."""
+    return [rank_main(ctx, spec, name, False, pairs) for spec, name, pairs in cases]
+
+
+def run_cases(specs: list[RunSpec], name: str) -> list[list[dict]]:
+    """Backend `name` on each spec, the cases that are not WAIVED in one launch of rank processes; each case's
+    records, as run_case builds them (no soak, no measured ceiling). The specs must share what the launch
+    fixes: EP, device, ranks per GPU and the rank processes' environment. A crash or timeout fails every case
+    of the launch, with its reason."""
+    fixed = {(s.workload.ep, s.device, s.ranks_per_gpu, tuple(sorted(s.env.items()))) for s in specs}
+    if len(fixed) != 1:
+        raise ValueError(f"run_cases: one launch cannot serve {len(fixed)} settings of EP / device / ranks per GPU / "
+                         "environment")
+    start, plans = provenance.utc_now(), []
+    for s in specs:
+        t = traffic.traffic_of([make_routing(s.workload, r)[0] for r in range(s.workload.ep)], s.workload)
+        plans.append((s, t, t.pairs_SD.sum(0).tolist(), waiver(name, s)))
+    runs = [(s, name, pairs) for s, _, pairs, why in plans if not why]
+    first = specs[0]
+    try:
+        with environment(first.env):
+            outs = run_ranks(rank_cases, first.workload.ep, first.device, first.timeout_s * max(1, len(runs)),
+                             args=(runs,), ranks_per_gpu=first.ranks_per_gpu) if runs else []
+        done = iter(outs[0] if outs else [None] * len(runs))
+    except LaunchError as e:
+        done = iter([RankResult("FAIL", str(e).splitlines()[0][:1500], crash=e.crash)] * len(runs))
+    out = []
+    for s, t, _, why in plans:
+        res = RankResult("WAIVED", why) if why else next(done)
+        out.append([] if res is None else
+                   records.build(s, name, base.get(name).dedup, res, t, None, s.to_argv(), start))
+    return out
 
 
 def waiver(name: str, spec: RunSpec) -> str:

@@ -49,7 +49,8 @@ def run_views(ctx, cases):
         out.append({"check": err, "rows_equal": torch.equal(rows.view(torch.uint8), grouped(d).x_RH.view(torch.uint8)),
                     "combine": reference.check_combine(comb, expected) or reference.check_combine(comb2, expected),
                     "calls": b.buffer.calls[before:], "host_syncs": getattr(b.buffer, "host_syncs", 0) - syncs,
-                    "native": b.native_bytes(d), "knobs": b.knobs()})
+                    "native": b.native_bytes(d), "knobs": b.knobs(),
+                    "buffer_options": getattr(b.buffer, "experimental", None)})
         b.teardown()
     return out
 
@@ -85,15 +86,19 @@ def test_deepep_and_hybridep_cached_views_and_native_bytes(sim, ep):
 
 @pytest.mark.slow
 def test_hybridep_domain_from_the_buffer_and_default_sms(sim, monkeypatch):
-    """HybridEP finds a 2-rank NVLink domain where the hosts say 4: the knobs record the buffer's value."""
+    """HybridEP finds a 2-rank NVLink domain where the hosts say 4: the knobs record the buffer's value. Its kernel
+    cache is read (HybridEPBuffer's load_cached_kernels) only where the knob asks."""
     monkeypatch.setenv("FAKE_HYBRID_EP_DETECTED", "2")
     w = small(ep=4, num_experts=16, gpus_per_node=4)
-    cases = [(w, "hybridep", {"mode": "plain"}), (w, "hybridep", {"mode": "permute", "num_sms": 16})]
+    cases = [(w, "hybridep", {"mode": "plain"}),
+             (w, "hybridep", {"mode": "permute", "num_sms": 16, "load_cached_kernels": 1})]
     r0 = run_ranks(run_views, 4, "cpu", 240, args=(cases,))[3]
     assert all(r["check"] == "" and r["combine"] == "" for r in r0), r0
     assert r0[0]["knobs"]["ranks_per_nvlink_domain"] == 2 and r0[0]["knobs"]["ranks_per_nvlink_domain_predicted"] == 4
     assert r0[0]["knobs"]["num_sms"] == 8                  # HybridEP's default across 2 domains
     assert r0[1]["knobs"]["num_sms"] == 16
+    assert r0[0]["buffer_options"] == {} and "load_cached_kernels" not in r0[0]["knobs"]
+    assert r0[1]["buffer_options"] == {"load_cached_kernels": True} and r0[1]["knobs"]["load_cached_kernels"] == 1
 
 
 @pytest.mark.slow

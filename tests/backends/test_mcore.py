@@ -99,6 +99,7 @@ def test_the_experts_apply_the_probs_and_combine_sums():
 # ---------------------------------------------------------------- GPU tier
 @needs_mcore
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_dispatch_cli_mcore_beside_raw(tmp_path):
     out = tmp_path / "d.jsonl"
     rc = dispatch.main(["--ep", "1", "--num-tokens", "1024", "--hidden", "2048", "--num-experts", "32",

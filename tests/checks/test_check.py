@@ -222,6 +222,7 @@ def test_judge_p2p():
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_run_on_gpu(tmp_path):
     """GPU tier: env and gpu PASS; on one GPU the link checks are WAIVED with a reason. A FAIL (e.g. the megatron
     check on a DeepEP built without NVSHMEM) carries its reason and exit 1. The backends' round trips are the GPU

@@ -24,6 +24,7 @@ def test_nccl_path_all_gpus(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.alone
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_no_view_is_faster_than_the_kernels_it_must_contain(tmp_path, dtype):
     """Every view of a phase moves the same data, so none can take less time than the GPU time the phase's
@@ -49,6 +50,7 @@ def test_no_view_is_faster_than_the_kernels_it_must_contain(tmp_path, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_graph_view_is_none_with_the_reason_on_gloo(tmp_path):
     """Shared-GPU ranks run the exchange on gloo, whose collectives cannot be captured: the view says so."""
     rc, recs = run(tmp_path, "--ep", "2", "--ranks-per-gpu", "2", "--num-tokens", "256", "--hidden", "1024",

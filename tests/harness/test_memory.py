@@ -64,6 +64,7 @@ def test_the_largest_rank_and_the_shared_gpu_label_reach_the_table():
 
 
 @pytest.mark.gpu
+@pytest.mark.alone
 def test_alltoall_on_one_gpu_reports_its_footprint():
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")

@@ -52,6 +52,7 @@ def _flush_cover_us(timer) -> tuple[float, float]:
 
 
 @pytest.mark.gpu
+@pytest.mark.alone
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_launch_hides_behind_the_flush_only_when_there_is_one():
     """A call that spends host time before its one small kernel: behind the L2 flush that host time is
@@ -140,6 +141,7 @@ def test_busy_time_is_the_union_of_the_calls_kernels_without_the_flush():
 
 
 @pytest.mark.gpu
+@pytest.mark.alone
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_flushed_profile_is_the_call_alone_on_a_cold_l2():
     """kernel_profile with lead: the call's kernel once per call, none of the flush's, and slower than back to

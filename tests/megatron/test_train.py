@@ -155,6 +155,7 @@ def test_validate_cpu_functional_run(ep, tmp_path, capsys):
 # ---------------------------------------------------------------- GPU tier
 @needs_mcore
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_validate_alltoall_50_steps_gpu(tmp_path):
     out = tmp_path / "v.jsonl"
     rc = megatron.main(["validate", "--dispatcher", "alltoall", "--steps", "50", "--ep", "1", "--out", str(out)])

@@ -38,6 +38,7 @@ class HybridEPBuffer:
         default = 24 if self.num_of_nodes == 1 else 8
         self.configurer = _Configurer(_Config(num_sms_dispatch_api or default, num_sms_combine_api or default))
         self.L, self.calls, self.host_syncs = num_local_experts, [], 0
+        self.experimental = experimental            # load_cached_kernels, use_shared_buffer, ...: as given
 
     def _plan(self, gmap, d, permute):
         """Rank d's received rows as (source rank, token ids, expert or None), in d's row order."""
