@@ -24,7 +24,10 @@ declare -A ABOUT=(
 TIER_WORKERS: as many as the GPU's memory holds, at most half the cores), every backend expected"
   [fp8q]="alltoall EP 1 (T 4096 H 7168 E 256 K 8) through the oracle: fp8 with --ops-impl torch, triton, cuda; bf16"
   [ep1]="the EP 1 table (T 4096 H 7168 E 256 K 8), bf16 then fp8, default SMs: alltoall, mcore-alltoall (bf16), \
-ncclep ht and ll, deepep-v2; every view, memory"
+ncclep ht (and zero_copy=0, bf16) and ll, deepep-v2; every view, memory; BASE's alltoall and deepep-v2 beside them; \
+bench/glue_bars.py on it"
+  [chained]="the chained view where EP 1 cannot run the backend: alltoall, deepep, deepep-ll, hybridep at EP 2 on \
+ranks sharing the GPU (functional; the EP 1 table times it for the others)"
   [sms]="--knob-sweep num_sms at EP 1 (bench/ep1-sms*.toml): ncclep ht, ncclep ll, deepep-v2"
   [soak]="shared-rank soaks at EP SOAK_EPS (default 2 4; T 64 H 2048 E 16 K 4): deepep-ll, deepep, hybridep, ncclep \
 ht, ncclep ll, deepep-v2 through the oracle, SOAK calls (default 2000) each within an equal share of the budget"
@@ -37,7 +40,7 @@ the fanout_bw probe (SKIP_FANOUT=1 leaves it out)"
 alltoall, ITERS (default 30) iterations"
   [mlm-shared]="the same, dsv3-small, EP 2 on ranks sharing the GPU: alltoall against flex hybridep and deepep, 2 \
 repeats interleaved (functional)")
-ORDER=(tier fp8q ep1 sms soak permute v1build v2build mlm-ep1 mlm-shared)
+ORDER=(tier fp8q ep1 chained sms soak permute v1build v2build mlm-ep1 mlm-shared)
 # shellcheck disable=SC1090
 [[ -n ${ROUND_EXTRA:-} ]] && source "$ROUND_EXTRA"
 
@@ -148,13 +151,28 @@ step_fp8q() {
   done
   t 120 $DISPATCH --ep 1 --backend alltoall $BIG --views api --iters 5 --out "$j"
 }
-step_ep1() {
-  local j=$D/ep1-$GPU.jsonl
-  t 280 $V2ENV $DISPATCH --ep 1 --backend alltoall,mcore-alltoall,ncclep,deepep-v2 --knob mode=ht $BIG --iters 20 --out "$j"
+step_ep1() {   # BASE=.ext/base.tgz (git archive of an earlier sha's moebench/, its sha in BASE_SHA): alltoall and
+  # deepep-v2 timed by that code too, in this call, swapped in at the same path (the CUDA extension's build is reused)
+  local j=$D/ep1-$GPU.jsonl b=$D/ep1-base-$GPU.jsonl
+  t 300 $V2ENV $DISPATCH --ep 1 --backend alltoall,mcore-alltoall,ncclep,deepep-v2 --knob mode=ht $BIG --iters 20 --out "$j"
+  t 120 $V2ENV $DISPATCH --ep 1 --backend ncclep --knob mode=ht --knob zero_copy=0 $BIG --iters 20 --views api --out "$j"
   t 150 $V2ENV $DISPATCH --ep 1 --backend ncclep --knob mode=ll $BIG --iters 20 --out "$j"
   t 200 $V2ENV $DISPATCH --ep 1 --backend alltoall,ncclep,deepep-v2 --knob mode=ht $BIG --dtype fp8 --iters 20 --out "$j"
   t 150 $V2ENV $DISPATCH --ep 1 --backend ncclep --knob mode=ll $BIG --dtype fp8 --iters 20 --out "$j"
+  if [[ -f ${BASE:-.ext/base.tgz} ]]; then
+    rm -rf /tmp/base && mkdir -p /tmp/base && tar -xzf "${BASE:-.ext/base.tgz}" -C /tmp/base && mv moebench /tmp/moebench.head \
+      && cp -a /tmp/base/moebench moebench \
+      && t 150 env MOEBENCH_GIT_SHA="${BASE_SHA:-base}" $V2ENV $DISPATCH --ep 1 --backend alltoall,deepep-v2 $BIG \
+        --iters 20 --views api --out "$b"
+    [[ -d /tmp/moebench.head ]] && rm -rf moebench && mv /tmp/moebench.head moebench
+  fi
   [[ -s $j ]] && python3 -m moebench.report "$j" > "$D/ep1-$GPU.txt" && cat "$D/ep1-$GPU.txt"
+  [[ -s $j ]] && { python3 bench/glue_bars.py "$j" $([[ -s $b ]] && echo "$b") | tee "$D/bars-$GPU.txt"
+    ((PIPESTATUS[0] == 0)) || { STATUS=FAIL; NOTE+="a bar of bench/glue_bars.py FAILed (bars-$GPU.txt); "; }; }
+}
+step_chained() {
+  t 240 $DISPATCH --ep 2 --ranks-per-gpu 2 --backend alltoall,deepep,deepep-ll,hybridep $SMALL --iters 10 \
+    --views api,chained --out "$D/chained-shared-$GPU.jsonl"
 }
 step_sms() {
   local m f
