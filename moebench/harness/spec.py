@@ -22,6 +22,7 @@ from ..cli import (MAX_CALLS, MAX_ITERS, MAX_WAIT_S, Parser, add_settings, comma
                    read_settings, seconds, seed, setting, write_settings)
 from ..core.workload import DTYPES, Workload, WorkloadError
 from ..env.limits import open_files_problem
+from ..records.shapes import TAIL_ITERS
 from . import overlap, preflight
 from .launch import joined_env
 from .placement import Placement, place
@@ -116,9 +117,13 @@ class RunSpec:
                           choices=("auto", "cuda", "cpu"), default="auto", read=lambda a, c: c["placement"].device,
                           write=lambda v: ["--device", v])
     iters: int = setting(5, "--iters", type=count(high=MAX_ITERS, why="every sample lands in the record"), default=None,
-                         help=f"timed iterations (default {DEFAULT_ITERS['cuda']}; CPU {DEFAULT_ITERS['cpu']})",
-                         read=lambda a, c: a.iters if a.iters is not None else DEFAULT_ITERS[c["placement"].device],
+                         help=f"timed iterations (default {DEFAULT_ITERS['cuda']}; CPU {DEFAULT_ITERS['cpu']}; "
+                              f"--tails: at least {TAIL_ITERS})", read=lambda a, c: _iters(a, c["placement"].device),
                          write=lambda v: ["--iters", v])
+    tails: bool = setting(False, "--tails", action="store_true",
+                          help=f"tails and the straggler: time at least {TAIL_ITERS} iterations (CollectiveX's samples "
+                               "per cell), so the api, cached and graph views keep p99 and p999 (each needs 100 and "
+                               "1000 samples; fewer: '-' and why); every record names its slowest rank either way")
     warmup_ms: float = setting(0.0, "--warmup-ms", type=number(0, high=MAX_WAIT_S * 1e3), default=None,
                                help=f"warm-up budget per phase (default {DEFAULT_WARMUP_MS['cuda']:g}; CPU "
                                     f"{DEFAULT_WARMUP_MS['cpu']:g})",
@@ -247,6 +252,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     sweep flags and --wide to these)."""
     add_workload_args(p, cpu_shape=True)
     add_settings(p, RunSpec)
+
+
+def _iters(args, device: str) -> int:
+    """--iters, its default by device, at least TAIL_ITERS with --tails."""
+    n = args.iters if args.iters is not None else DEFAULT_ITERS[device]
+    return max(n, TAIL_ITERS) if args.tails else n
 
 
 def _workload(args, cpu: bool) -> Workload:

@@ -54,7 +54,8 @@ LEGEND = ("# us: median, slowest rank; SMs: comm kernels'; algbw/busbw: (token, 
 
 def columns(views: tuple[str, ...], wide: bool, overlap: bool) -> list[str]:
     """The dispatch table's header: api first, then the other views, api - graph where graph is shown."""
-    head = ["backend", "phase", "SMs", "api us", "p90 us", *(f"{v} us" for v in views if v != "api")]
+    head = ["backend", "phase", "SMs", "api us", "p90 us", *(["p99 us"] if wide else []),
+            *(f"{v} us" for v in views if v != "api")]
     if "graph" in views:
         head.append("api-graph us")
     head += ["algbw GB/s", "busbw GB/s", *(["wirebw GB/s"] if wide else []), "frac ceil", "mem GiB"]
@@ -73,7 +74,7 @@ def table_rows(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wide
         if t and schema.is_functional(r):      # CPU/gloo or shared-GPU ranks: the times are no measurement
             check += " [functional]"
         row = [label(r), r["phase"], sig3(sms(r)), sig3(t.get("median_us")), sig3(t.get("p90_us")),
-               *(sig3(schema.view_us(r, v)) for v in views if v != "api")]
+               *([sig3(t.get("p99_us"))] if wide else []), *(sig3(schema.view_us(r, v)) for v in views if v != "api")]
         if "graph" in views:
             row.append(sig3(t.get("api_minus_graph_us")))
         row += [sig3(tr.get("algbw_GBps")), sig3(tr.get("busbw_GBps")),
