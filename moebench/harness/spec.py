@@ -34,6 +34,7 @@ DEFAULT_WARMUP_MS = {"cuda": 200.0, "cpu": 0.0}
 W0 = Workload()                                          # the workload defaults: defined once, in Workload
 GRAPH_CALLS = REGISTRY["graph"].GRAPH_CALLS             # the graph view's default pairs per graph
 KINDS = {"count": count(), "seed": seed, "str": str}
+MAX_REPEATS = 1000
 
 
 def add_workload_args(p: argparse.ArgumentParser, names: tuple[str, ...] | None = None, cpu_shape: bool = False,
@@ -173,6 +174,12 @@ class RunSpec:
                                        "whichever comes first; a soak the budget ends with no call corrupted is "
                                        "BUDGET (exit 3), not FAIL, its bound taken over the calls made",
                                   write=lambda v: ["--soak-seconds", v] if v else [])
+    repeats: int = setting(1, "--repeats", type=count(1, MAX_REPEATS, "each repeat starts every backend afresh"),
+                           metavar="N",
+                           help="run the case N times, every backend in fresh rank processes each time, the backend "
+                                "order rotated by one every repeat; report --compare and megatron flags then judge "
+                                "over the repeats' medians, paired by repeat (AWS's fair EP comparison; a soak runs "
+                                "in the first repeat only)")
     measure_ceiling: bool = True     # also time a plain all_to_all_single for frac_of_measured (NCCL runs)
     note: str = field(default="", compare=False)  # what placing the ranks wants said (CPU fallback, shared GPUs)
 

@@ -36,8 +36,10 @@ def phase_traffic(spec, phase: str, dedup: bool, t, timing: dict | None, measure
     return tr
 
 
-def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start: str) -> list[dict]:
-    """The records of one backend's result `res` (harness/runner.RankResult). spec: the run's RunSpec."""
+def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start: str,
+          repeat: dict | None = None) -> list[dict]:
+    """The records of one backend's result `res` (harness/runner.RankResult). spec: the run's RunSpec; repeat:
+    shapes.Repeat's dict, with --repeats."""
     w = spec.workload
     prov = provenance.provenance()
     gpu = prov.get("gpu") if not spec.functional else None     # no ceiling fraction for functional runs
@@ -55,7 +57,8 @@ def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start
             kernels=res.kernels.get(phase), views=res.views.get(phase), overlap=res.overlap.get(phase),
             check=check.asdict(), env=prov, start_utc=start, end_utc=provenance.utc_now(),
             functional=spec.functional, shared_gpu=shared.asdict() if shared else None,
-            memory=mem.asdict() if mem else None).asdict())
+            memory=mem.asdict() if mem else None, repeat=repeat,
+            **{f"{k}_sha256": v for k, v in (res.inputs_sha256 or {}).items()}).asdict())
     return recs
 
 

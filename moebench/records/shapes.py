@@ -176,6 +176,19 @@ class Check:
 
 
 @dataclass
+class Repeat:
+    """One of a case's --repeats N runs, each backend in fresh rank processes, the backend order rotated by one
+    every repeat (AWS's fair EP comparison: process starts, not iterations, are the independent samples)."""
+    index: int                               # 0 .. of - 1
+    of: int
+    order: list[str]                         # the backends in the order this repeat ran them
+    run: str                                 # the repeated run's id (its start time and pid): pairs are (run, index)
+
+    def asdict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
 class SharedGpu:
     ranks_per_gpu: int
     bypassed: list[str]

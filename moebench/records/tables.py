@@ -87,9 +87,11 @@ def table_rows(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wide
 
 
 def label(r: dict) -> str:
-    """The backend's name, with its mode where it has several (ncclep ht / ll, hybridep's)."""
-    mode = schema.backend_knobs(r).get("mode")
-    return schema.name(r) + (f" {mode}" if isinstance(mode, str) and mode else "")
+    """The backend's name, with its mode where it has several (ncclep ht / ll, hybridep's), and which repeat
+    (--repeats N: `#2/3`)."""
+    mode, rep = schema.backend_knobs(r).get("mode"), r.get("repeat") or {}
+    return (schema.name(r) + (f" {mode}" if isinstance(mode, str) and mode else "")
+            + (f" #{rep['index'] + 1}/{rep['of']}" if rep else ""))
 
 
 def sms(r: dict):

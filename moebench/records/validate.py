@@ -255,9 +255,31 @@ def _parts(r: dict) -> Problem | None:
                 or _count(shared, "ranks_per_gpu", "shared_gpu.") if shared else None))
 
 
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _repeat(r: dict) -> Problem | None:
+    """The input digests (64 hex digits each) and the repeat tag {index < of, of, order, run} (shapes.Repeat)."""
+    for key in ("routing_sha256", "payload_sha256"):
+        v = r.get(key)
+        if v is not None and not (isinstance(v, str) and SHA256.fullmatch(v)):
+            return Problem(f"{key} is {show(v)}, not a SHA-256 in hex")
+    rep = r.get("repeat")
+    if rep is None:
+        return None
+    if not isinstance(rep, dict):
+        return Problem(f"repeat is {show(rep)}, not an object")
+    p = (next((p for k in ("index", "of") if (p := _typed(rep, k, "repeat.", int, "a count", required=True))), None)
+         or _count(rep, "index", "repeat.", low=0) or _count(rep, "of", "repeat.")
+         or _typed(rep, "run", "repeat.", str, "a string", required=True) or _typed(rep, "order", "repeat.", list, "a list"))
+    if p is None and rep["index"] >= rep["of"]:
+        p = Problem(f"repeat.index {rep['index']} is not below repeat.of {rep['of']}")
+    return p
+
+
 def dispatch_problem(r: dict, need=WORKLOAD_KEYS) -> Problem | None:
     """The first problem of a moebench.dispatch record, or None. need: the workload keys the tool reads."""
-    return (_workload(r, need) or _parts(r) or _timing(r.get("timing")) or _views(r.get("views"))
+    return (_workload(r, need) or _parts(r) or _repeat(r) or _timing(r.get("timing")) or _views(r.get("views"))
             or _traffic(r.get("traffic")) or _overlap(r.get("overlap")) or _memory(r.get("memory")))
 
 

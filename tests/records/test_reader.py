@@ -106,6 +106,13 @@ MALFORMED = [
     (changed("memory", {"max": {"footprint_bytes": "big"}}), "memory.max.footprint_bytes is 'big', not an integer"),
     (changed("memory", {"max": {"footprint_bytes": -1}}), "memory.max.footprint_bytes is -1"),
     (changed("memory", {"none": 3}), "memory.none is 3, not a string"),
+    (changed("routing_sha256", "abc"), "routing_sha256 is 'abc', not a SHA-256 in hex"),
+    (changed("payload_sha256", 7), "payload_sha256 is 7, not a SHA-256 in hex"),
+    (changed("repeat", [0, 3]), "repeat is a JSON list, not an object"),
+    (changed("repeat", {"index": "0", "of": 3, "run": "r"}), "repeat.index is '0', not a count"),
+    (changed("repeat", {"index": 0, "of": 0, "run": "r"}), "repeat.of is 0, not an integer from 1"),
+    (changed("repeat", {"index": 3, "of": 3, "run": "r"}), "repeat.index 3 is not below repeat.of 3"),
+    (changed("repeat", {"index": 0, "of": 3}), "repeat.run is missing"),
 ]
 # impossible figures in records of the right shape: skipped by report tables, refused by the tools that judge
 IMPOSSIBLE = [
