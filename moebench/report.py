@@ -10,6 +10,9 @@
                                 run of a case; functional-only (CPU, shared-GPU) records are left out
   --markdown / --json           for pasting into a review / for machines
   --best-knobs                  the fastest knob setting per (backend, shape), from knob sweeps
+  --matrix FILE                 the capability matrix of a sweep's records: backend x case cells, PASS /
+                                CLAMPED / WAIVED / REFUSED (by the preflight) / FAIL with a one-word
+                                reason (--plot PNG: a heat map)
   --as PEER                     the records in a peer's byte rule, timing boundary and column names
                                 (collectivex, aws, nccl-tests, deepep, deepep-v2, ep_bench, hybridep), with
                                 where this run's boundary is not the peer's, so a row can be set beside a
@@ -37,7 +40,8 @@ import numpy as np
 from . import cli
 from .core.workload import describe
 from .records import knobs, peers, repeats, schema
-from .records.plots import METRICS, PlotError, plot_bandwidth, plot_overlap, plot_problem
+from .records.matrix import as_json, format_matrix, matrices
+from .records.plots import METRICS, PlotError, plot_bandwidth, plot_matrix, plot_overlap, plot_problem
 from .harness.views import SAMPLED as SAMPLED_VIEWS
 from .records.reader import read_dispatch
 from .records.schema import PHASES
@@ -252,6 +256,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", action="store_true", help="GitHub markdown tables")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--best-knobs", action="store_true", help="best knob setting per backend and shape")
+    p.add_argument("--matrix", metavar="FILE", help="the capability matrix of the sweeps in FILE: backend x case, "
+                   "PASS / CLAMPED / WAIVED / REFUSED / FAIL with a one-word reason (--markdown, --json; --plot PNG: "
+                   "a heat map)")
     p.add_argument("--as", dest="as_peer", choices=tuple(peers.PEERS), metavar="PEER",
                    help=f"the records in a peer's byte rule, boundary and column names: {', '.join(peers.PEERS)}")
     return p
@@ -292,6 +299,8 @@ def run(args) -> int:
     if args.as_peer and (args.compare or args.best_knobs):
         raise ReportError(f"--as {args.as_peer} sets records beside a peer's table: not with "
                           f"{'--compare' if args.compare else '--best-knobs'}")
+    if args.matrix:
+        return matrix(args)
     if args.compare:
         ra, rb, la, lb, by_backend = _compare_inputs(args)
         read = len(ra) + len(rb)
@@ -332,6 +341,24 @@ def run(args) -> int:
         except PlotError as e:
             raise ReportError(str(e)) from None
         print(f"{'' if args.markdown else '# '}overlap plot: {args.overlap_plot}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def matrix(args) -> int:
+    """--matrix FILE: each sweep's capability matrix (records/matrix.py), and its heat map with --plot."""
+    other = next((f for f, on in (("FILE...", args.files), ("--compare", args.compare), ("--as", args.as_peer),
+                                  ("--best-knobs", args.best_knobs), ("--overlap-plot", args.overlap_plot)) if on), None)
+    if other:
+        raise ReportError(f"--matrix reads its one FILE: not with {other}")
+    recs = read_dispatch([args.matrix], "moebench.report")
+    ms = matrices(recs)
+    if not ms:
+        raise ReportError(f"--matrix {args.matrix}: no sweep records (it holds {len(recs)} record(s) of single runs; a "
+                          "sweep's records name their cases: dispatch --sweep NAME --out FILE)")
+    print(json.dumps(as_json(ms), indent=1) if args.json else format_matrix(ms, args.markdown))
+    if args.plot:
+        plot_matrix(ms, args.plot)
+        print(f"{'' if args.markdown else '# '}matrix plot: {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

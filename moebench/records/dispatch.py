@@ -62,6 +62,21 @@ def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start
     return recs
 
 
+REFUSED = "REFUSED"          # a sweep's case the preflight refused before any rank started (records/matrix.py)
+
+
+def refused(spec, name: str, why: str, argv: list[str], sweep: dict | None = None) -> list[dict]:
+    """The records of a case refused before any work (a sweep keeps them: the capability matrix shows the cell):
+    one per phase, nothing timed, nothing counted (a refused shape may be too large even to draw its routing)."""
+    start, prov = provenance.utc_now(), provenance.provenance()
+    return [DispatchRecord(
+        argv=argv, repro=provenance.repro_command(argv, "moebench.dispatch"), workload=spec.workload.asdict(),
+        device=spec.device, backend={"name": name, "knobs": spec.backend_knobs}, phase=phase, timing=None,
+        traffic=Traffic(note="refused before any rank started: nothing moved").asdict(), check=Check(REFUSED, why).asdict(),
+        env=prov, start_utc=start, end_utc=start, functional=spec.functional, sweep=sweep).asdict()
+        for phase in PAYLOAD_OF]
+
+
 def soak_of(asked: int, ranks: list[dict], error: str | None, crash: str | None, budget_s: float = 0.0) -> Soak:
     """One Soak from every rank's counts (harness/soak.py): a call is corrupted when any rank saw it wrong. A soak
     its time ended (--soak-seconds, or --timeout while its calls still advanced) has `budget`, not `stopped`."""
