@@ -179,7 +179,8 @@ class CaseRun:
         self.t = traffic.traffic_of([make_routing(w, r)[0] for r in range(w.ep)], w)
         self.rank_pairs = self.t.pairs_SD.sum(0).tolist()
         self.measured, self.recs = None, []
-        self.id = f"{provenance.utc_now()}-{os.getpid()}"
+        self.start = provenance.utc_now()              # of the backend running now (result)
+        self.id = f"{self.start}-{os.getpid()}"
 
     def result(self, name: str, why: str, rep: int) -> RankResult | None:
         """The backend's RankResult (WAIVED with `why` when it cannot run), None on a job's other ranks."""
