@@ -23,7 +23,7 @@ def rank_digest(*tensors: torch.Tensor | None) -> str:
             continue
         t = t.detach().contiguous().cpu()
         h.update(f"{t.dtype}{tuple(t.shape)};".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())        # read in place: no copy of a large payload
     return h.hexdigest()
 
 

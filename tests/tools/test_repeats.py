@@ -135,3 +135,15 @@ def test_interval_is_paired_geometric_mean():
     noisy = [(100.0, 100.0 * g) for g in np.random.default_rng(0).uniform(0.8, 1.2, 5)]
     r, lo, hi = repeats.interval(noisy)
     assert lo < r < hi and lo < 1.0 < hi
+
+
+def test_a_digest_names_the_bytes_their_type_and_shape():
+    import torch
+    from moebench.core import digest
+    x = torch.arange(32, dtype=torch.float32).reshape(4, 8)
+    assert digest.rank_digest(x) == digest.rank_digest(x.clone()) != digest.rank_digest(x.reshape(8, 4))
+    assert digest.rank_digest(x) != digest.rank_digest(x.to(torch.bfloat16)) != digest.rank_digest(x, x)
+    assert digest.rank_digest(x.t()) == digest.rank_digest(x.t().contiguous())          # memory order, as given
+    a, b = digest.inputs(x, x, x), digest.inputs(x, x, x + 1)
+    assert a["routing"] == b["routing"] and a["payload"] != b["payload"]
+    assert digest.combine([a, b]) != digest.combine([b, a])                              # rank order counts
