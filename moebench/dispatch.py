@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         left = [b for b in run.backends if b not in done]
         cut = (f"not run: {', '.join(left)}" if left else      # every backend's timed records are in: its soak
+               f"--repeats {run.repeats} cut short before its last repeat ended" if run.repeats > 1 else
                f"the soak of {done[-1]} cut short" if run.soak else "every backend finished")
         raise cli.Interrupted.after(e, f"{written[0]} records of {', '.join(done) or 'no backend'} kept in "
                                        f"{args.out}; {cut}") from None

@@ -10,16 +10,21 @@
                                 run of a case; functional-only (CPU, shared-GPU) records are left out
   --markdown / --json           for pasting into a review / for machines
   --best-knobs                  the fastest knob setting per (backend, shape), from knob sweeps
+  --matrix FILE                 the capability matrix of a sweep's records: backend x case cells, PASS /
+                                CLAMPED / WAIVED / REFUSED (by the preflight) / FAIL with a one-word
+                                reason (--plot PNG: a heat map)
   --as PEER                     the records in a peer's byte rule, timing boundary and column names
                                 (collectivex, aws, nccl-tests, deepep, deepep-v2, ep_bench, hybridep), with
                                 where this run's boundary is not the peer's, so a row can be set beside a
                                 table that peer published
 
-Noise band: the 95% bootstrap interval of the ratio of medians B/A, resampling the per-iteration
-times (`timing.samples_us`) of each side. Records without samples fall back to a normal
-approximation from the p10/p90 spread (and the output says so). A difference counts only when the
-interval excludes 1 and the change is at least --min-effect. The iterations of one process do not
-see run-to-run noise (clocks, placement): repeat a run and pass both files to see it.
+Noise band: where both sides hold repeats (dispatch --repeats N: fresh processes, the backend order rotated),
+the 95% bootstrap interval over the repeats' medians, paired by repeat (records/repeats.py: B/A is the geometric
+mean of each repeat's B/A; a pair run on different inputs is refused); else the 95% bootstrap interval of the
+ratio of medians B/A, resampling the per-iteration times (`timing.samples_us`) of each side. Records without
+samples fall back to a normal approximation from the p10/p90 spread. The output says which. A difference counts
+only when the interval excludes 1 and the change is at least --min-effect. The iterations of one process do not
+see run-to-run noise (clocks, placement): that is what repeats are for.
 """
 from __future__ import annotations
 
@@ -34,8 +39,9 @@ import numpy as np
 
 from . import cli
 from .core.workload import describe
-from .records import knobs, peers, schema
-from .records.plots import METRICS, PlotError, plot_bandwidth, plot_overlap, plot_problem
+from .records import knobs, peers, repeats, schema
+from .records.matrix import as_json, format_matrix, matrices
+from .records.plots import METRICS, PlotError, plot_bandwidth, plot_matrix, plot_overlap, plot_problem
 from .harness.views import SAMPLED as SAMPLED_VIEWS
 from .records.reader import read_dispatch
 from .records.schema import PHASES
@@ -161,7 +167,12 @@ def compare(recs_a: list[dict], recs_b: list[dict], min_effect: float = 0.01, by
     for k in sorted(set(a) & set(b), key=lambda k: (describe(json.loads(k[0]), tokens=False), json.loads(k[0])["num_tokens"],
                                                    k[2:], PHASES.index(k[1]))):
         sa, sb = side(a[k], view), side(b[k], view)
-        ratio, lo, hi, method = ratio_interval(sa, sb)
+        paired = repeats.pairs(repeats.medians(a[k], view, not by_backend), repeats.medians(b[k], view, not by_backend))
+        if paired:          # repeats in fresh processes: their medians are the samples, paired by repeat
+            (ratio, lo, hi), method = repeats.interval(paired), repeats.method(len(paired))
+            sa["median"], sb["median"] = (float(np.median([p[i] for p in paired])) for i in (0, 1))
+        else:
+            ratio, lo, hi, method = ratio_interval(sa, sb)
         w = json.loads(k[0])
         rows.append({"family": describe(w, tokens=False), "num_tokens": w["num_tokens"], "phase": k[1],
                      "backend_a": schema.name(a[k][0]), "backend_b": schema.name(b[k][0]),
@@ -199,16 +210,32 @@ def format_compare(res: dict, label_a: str, label_b: str, markdown: bool = False
     out.append(f"{'' if markdown else '# '}B ({label_b}) against A ({label_a}), {res.get('view', 'api')} view: "
                + ", ".join(f"{n} {v}" for v, n in counts.items())
                + f"; unmatched rows: {res['only_a']} only in A, {res['only_b']} only in B")
-    out.append(f"{'' if markdown else '# '}each side pools every run of a case (all their per-iteration samples)")
+    out += [("" if markdown else "# ") + line for line in noise_lines(res["rows"])]
     if res.get("left_out_functional"):
         out.append(f"{'' if markdown else '# '}left out {res['left_out_functional']} record(s) that are "
                    f"{schema.FUNCTIONAL_NOTE}: no verdict above is on them")
-    approx = sorted({f"{r['num_tokens']} {r['backend_a']} {r['phase']}" for r in res["rows"] if r["noise"] != "bootstrap"})
+    approx = sorted({f"{r['num_tokens']} {r['backend_a']} {r['phase']}" for r in res["rows"]
+                     if r["noise"] == "p10/p90 approx"})
     if approx:
         out.append(f"{'' if markdown else '# '}NOTE: rows without timing.samples_us ({', '.join(approx[:4])}"
                    f"{', ...' if len(approx) > 4 else ''}): their noise band is a normal approximation from the "
                    "p10/p90 spread, not a bootstrap")
     return "\n".join(out if markdown else fit(out))
+
+
+def noise_lines(rows: list[dict]) -> list[str]:
+    """Which noise each verdict used: over repeats (paired) or over the iterations of pooled runs."""
+    paired = [r for r in rows if r["noise"].startswith("paired")]
+    out = []
+    if paired:
+        out.append(f"{len(paired)} row(s) judged over repeats ({paired[0]['noise']}): each repeat's median in fresh "
+                   "processes, the backend order rotated, paired by repeat, B/A their geometric mean (AWS's fair EP "
+                   "comparison)")
+    if len(paired) < len(rows):
+        out.append(f"{len(rows) - len(paired)} row(s) judged over iterations: each side pools every run of a case (all "
+                   "their per-iteration samples); iterations of one process are not independent samples: "
+                   "dispatch --repeats N gives repeats")
+    return out
 
 
 # ---- CLI -----------------------------------------------------------------------------------------
@@ -229,6 +256,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", action="store_true", help="GitHub markdown tables")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--best-knobs", action="store_true", help="best knob setting per backend and shape")
+    p.add_argument("--matrix", metavar="FILE", help="the capability matrix of the sweeps in FILE: backend x case, "
+                   "PASS / CLAMPED / WAIVED / REFUSED / FAIL with a one-word reason (--markdown, --json; --plot PNG: "
+                   "a heat map)")
     p.add_argument("--as", dest="as_peer", choices=tuple(peers.PEERS), metavar="PEER",
                    help=f"the records in a peer's byte rule, boundary and column names: {', '.join(peers.PEERS)}")
     return p
@@ -269,6 +299,8 @@ def run(args) -> int:
     if args.as_peer and (args.compare or args.best_knobs):
         raise ReportError(f"--as {args.as_peer} sets records beside a peer's table: not with "
                           f"{'--compare' if args.compare else '--best-knobs'}")
+    if args.matrix:
+        return matrix(args)
     if args.compare:
         ra, rb, la, lb, by_backend = _compare_inputs(args)
         read = len(ra) + len(rb)
@@ -309,6 +341,24 @@ def run(args) -> int:
         except PlotError as e:
             raise ReportError(str(e)) from None
         print(f"{'' if args.markdown else '# '}overlap plot: {args.overlap_plot}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def matrix(args) -> int:
+    """--matrix FILE: each sweep's capability matrix (records/matrix.py), and its heat map with --plot."""
+    other = next((f for f, on in (("FILE...", args.files), ("--compare", args.compare), ("--as", args.as_peer),
+                                  ("--best-knobs", args.best_knobs), ("--overlap-plot", args.overlap_plot)) if on), None)
+    if other:
+        raise ReportError(f"--matrix reads its one FILE: not with {other}")
+    recs = read_dispatch([args.matrix], "moebench.report")
+    ms = matrices(recs)
+    if not ms:
+        raise ReportError(f"--matrix {args.matrix}: no sweep records (it holds {len(recs)} record(s) of single runs; a "
+                          "sweep's records name their cases: dispatch --sweep NAME --out FILE)")
+    print(json.dumps(as_json(ms), indent=1) if args.json else format_matrix(ms, args.markdown))
+    if args.plot:
+        plot_matrix(ms, args.plot)
+        print(f"{'' if args.markdown else '# '}matrix plot: {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

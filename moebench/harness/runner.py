@@ -10,14 +10,16 @@ the backend's in-process JIT caches are paid once, not per case (the GPU tier's 
 """
 from __future__ import annotations
 
+import os
 import traceback
 from dataclasses import dataclass, field
 
 from ..backends import base
-from ..core import reference, traffic
+from ..core import digest, reference, traffic
 from ..core.workload import WorkloadError, make_routing, rank_inputs
 from ..records import dispatch as records, provenance
 from ..records.schema import PHASES
+from ..records.shapes import Repeat
 from . import memory, oracle, overlap, preflight, views
 from .launch import LaunchError, RankContext, environment, run_ranks
 from .soak import run_soak
@@ -42,6 +44,7 @@ class RankResult:
     native_bytes: dict | None = None                # the backend's own byte count beside its rule's expectation
     crash: str | None = None                        # the signal that killed a rank, or "hang"
     memory: list = field(default_factory=list)      # every rank's memory figures (harness/memory.py)
+    inputs_sha256: dict | None = None               # {routing, payload}: core/digest.py over every rank's inputs
 
 
 def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
@@ -53,6 +56,7 @@ def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
     dev, w = ctx.device, spec.workload
     x, idx, wt, q, s = rank_inputs(w, ctx.rank, dev)
     payload = q if q is not None else x
+    out.inputs_sha256 = digest.combine(memory.gather(digest.inputs(idx, wt, payload, s), ctx.group))
     meter = memory.Meter(dev)
     meter.before()
     b, err = make_backend(spec, name, ctx)
@@ -128,39 +132,89 @@ def run_backend(spec: RunSpec, name: str, measure: bool, rank_pairs: list[int] |
 
 
 def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print, sink=None) -> list[dict]:
-    """Every backend of the spec on its workload; returns the JSONL records (rank 0's view).
+    """Every backend of the spec on its workload, `spec.repeats` times (each backend's ranks started afresh every
+    time, the backend order rotated by one every repeat); returns the JSONL records (rank 0's view).
     argv: the command line to record (default: the spec's own, `spec.to_argv()`).
     sink(name, records): called as each backend finishes, with its records (the tools write them then)."""
-    w = spec.workload
-    argv = spec.to_argv() if argv is None else argv
-    t = traffic.traffic_of([make_routing(w, r)[0] for r in range(w.ep)], w)
-    rank_pairs = t.pairs_SD.sum(0).tolist()
-    recs, measured = [], None
-    for name in spec.backends:
-        start = provenance.utc_now()
-        why = waiver(name, spec)
+    run = CaseRun(spec, spec.to_argv() if argv is None else argv, progress, sink)
+    why = {name: waiver(name, spec) for name in spec.backends}
+    for rep in range(spec.repeats):
+        order = rotated(spec.backends, rep)
+        tag = Repeat(rep, spec.repeats, list(order), run.id).asdict() if spec.repeats > 1 else None
+        first = None                                  # (name, inputs_sha256) of this repeat's first backend that ran
+        for name in order:
+            if why[name] and rep:                     # WAIVED once, not once per repeat
+                continue
+            res = run.result(name, why[name], rep)
+            if res is None:
+                continue
+            if res.inputs_sha256:
+                first = first or (name, res.inputs_sha256)
+                if bad := inputs_differ(first, name, res.inputs_sha256, rep):
+                    res.status, res.error = "FAIL", bad
+            run.emit(name, res, tag, soak=rep == 0)
+    return run.recs
+
+
+def rotated(names, rep: int) -> tuple[str, ...]:
+    """The backend order of repeat `rep`: rotated left by `rep` (every backend runs first, last, in between)."""
+    k = rep % max(len(names), 1)
+    return tuple(names[k:]) + tuple(names[:k])
+
+
+def inputs_differ(first: tuple[str, dict], name: str, sha: dict, rep: int) -> str:
+    """'' when `name` was given the same inputs as the repeat's first backend, else why its records are refused
+    (a comparison between them would compare two workloads)."""
+    other, want = first
+    diff = [k for k in sorted(want) if want.get(k) != sha.get(k)]
+    if not diff:
+        return ""
+    k = diff[0]
+    return (f"refused: repeat {rep + 1} gave {name} other inputs than {other}: {k} SHA-256 {sha.get(k, '-')[:16]} "
+            f"vs {want[k][:16]} (a comparison needs the same inputs on every backend)")
+
+
+class CaseRun:
+    """One case's backends and repeats: what they share (the byte rule's count, the measured ceiling, the
+    records so far)."""
+
+    def __init__(self, spec: RunSpec, argv: list[str], progress, sink):
+        w = spec.workload
+        self.spec, self.argv, self.progress, self.sink = spec, argv, progress, sink
+        self.t = traffic.traffic_of([make_routing(w, r)[0] for r in range(w.ep)], w)
+        self.rank_pairs = self.t.pairs_SD.sum(0).tolist()
+        self.measured, self.recs = None, []
+        self.start = provenance.utc_now()              # of the backend running now (result)
+        self.id = f"{self.start}-{os.getpid()}"
+
+    def result(self, name: str, why: str, rep: int) -> RankResult | None:
+        """The backend's RankResult (WAIVED with `why` when it cannot run), None on a job's other ranks."""
+        self.start = provenance.utc_now()
         if why:
-            res = RankResult("WAIVED", why)
-        else:
-            progress(f"# running {name} on EP {w.ep} ...")
-            measure = spec.measure_ceiling and not spec.functional and measured is None   # NCCL only
-            with environment(spec.env):
-                res = run_backend(spec, name, measure=measure, rank_pairs=rank_pairs)
-            measured = measured or (res.a2a if res else None)
-        if res is None:
-            continue
-        mine = records.build(spec, name, base.get(name).dedup, res, t, measured, argv, start)
-        if spec.soak and res.status == "PASS":
-            if sink is not None:       # the timed records on disk before the soak, which may crash or hang
-                sink(name, mine)
-            recs += mine
-            progress(f"# soaking {name}: {spec.soak} calls on fresh routing, each checked ...")
+            return RankResult("WAIVED", why)
+        spec = self.spec
+        again = f"repeat {rep + 1} of {spec.repeats}: " if spec.repeats > 1 else ""
+        self.progress(f"# {again}running {name} on EP {spec.workload.ep} ...")
+        measure = spec.measure_ceiling and not spec.functional and self.measured is None   # NCCL only
+        with environment(spec.env):
+            res = run_backend(spec, name, measure=measure, rank_pairs=self.rank_pairs)
+        self.measured = self.measured or (res.a2a if res else None)
+        return res
+
+    def emit(self, name: str, res: RankResult, repeat: dict | None, soak: bool = True) -> None:
+        """The backend's records to the sink and the list; then its soak (--soak), where it passed."""
+        spec, dedup = self.spec, base.get(name).dedup
+        mine = records.build(spec, name, dedup, res, self.t, self.measured, self.argv, self.start, repeat)
+        if spec.soak and soak and res.status == "PASS":
+            if self.sink is not None:       # the timed records on disk before the soak, which may crash or hang
+                self.sink(name, mine)
+            self.recs += mine
+            self.progress(f"# soaking {name}: {spec.soak} calls on fresh routing, each checked ...")
             ranks, err, crash = run_soak(spec, name)
-            mine = records.build_soak(spec, name, base.get(name).dedup, ranks, err, crash, argv, provenance.utc_now())
-        if sink is not None:
-            sink(name, mine)
-        recs += mine
-    return recs
+            mine = records.build_soak(spec, name, dedup, ranks, err, crash, self.argv, provenance.utc_now())
+        if self.sink is not None:
+            self.sink(name, mine)
+        self.recs += mine
 
 
 def rank_cases(ctx: RankContext, cases: list) -> list[RankResult]:

@@ -22,6 +22,7 @@ from ..cli import (MAX_CALLS, MAX_ITERS, MAX_WAIT_S, Parser, add_settings, comma
                    read_settings, seconds, seed, setting, write_settings)
 from ..core.workload import DTYPES, Workload, WorkloadError
 from ..env.limits import open_files_problem
+from ..records.shapes import TAIL_ITERS
 from . import overlap, preflight
 from .launch import joined_env
 from .placement import Placement, place
@@ -33,6 +34,7 @@ DEFAULT_WARMUP_MS = {"cuda": 200.0, "cpu": 0.0}
 W0 = Workload()                                          # the workload defaults: defined once, in Workload
 GRAPH_CALLS = REGISTRY["graph"].GRAPH_CALLS             # the graph view's default pairs per graph
 KINDS = {"count": count(), "seed": seed, "str": str}
+MAX_REPEATS = 1000
 
 
 def add_workload_args(p: argparse.ArgumentParser, names: tuple[str, ...] | None = None, cpu_shape: bool = False,
@@ -116,9 +118,13 @@ class RunSpec:
                           choices=("auto", "cuda", "cpu"), default="auto", read=lambda a, c: c["placement"].device,
                           write=lambda v: ["--device", v])
     iters: int = setting(5, "--iters", type=count(high=MAX_ITERS, why="every sample lands in the record"), default=None,
-                         help=f"timed iterations (default {DEFAULT_ITERS['cuda']}; CPU {DEFAULT_ITERS['cpu']})",
-                         read=lambda a, c: a.iters if a.iters is not None else DEFAULT_ITERS[c["placement"].device],
+                         help=f"timed iterations (default {DEFAULT_ITERS['cuda']}; CPU {DEFAULT_ITERS['cpu']}; "
+                              f"--tails: at least {TAIL_ITERS})", read=lambda a, c: _iters(a, c["placement"].device),
                          write=lambda v: ["--iters", v])
+    tails: bool = setting(False, "--tails", action="store_true",
+                          help=f"tails and the straggler: time at least {TAIL_ITERS} iterations (CollectiveX's samples "
+                               "per cell), so the api, cached and graph views keep p99 and p999 (each needs 100 and "
+                               "1000 samples; fewer: '-' and why); every record names its slowest rank either way")
     warmup_ms: float = setting(0.0, "--warmup-ms", type=number(0, high=MAX_WAIT_S * 1e3), default=None,
                                help=f"warm-up budget per phase (default {DEFAULT_WARMUP_MS['cuda']:g}; CPU "
                                     f"{DEFAULT_WARMUP_MS['cpu']:g})",
@@ -168,6 +174,12 @@ class RunSpec:
                                        "whichever comes first; a soak the budget ends with no call corrupted is "
                                        "BUDGET (exit 3), not FAIL, its bound taken over the calls made",
                                   write=lambda v: ["--soak-seconds", v] if v else [])
+    repeats: int = setting(1, "--repeats", type=count(1, MAX_REPEATS, "each repeat starts every backend afresh"),
+                           metavar="N",
+                           help="run the case N times, every backend in fresh rank processes each time, the backend "
+                                "order rotated by one every repeat; report --compare and megatron flags then judge "
+                                "over the repeats' medians, paired by repeat (AWS's fair EP comparison; a soak runs "
+                                "in the first repeat only)")
     measure_ceiling: bool = True     # also time a plain all_to_all_single for frac_of_measured (NCCL runs)
     note: str = field(default="", compare=False)  # what placing the ranks wants said (CPU fallback, shared GPUs)
 
@@ -247,6 +259,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     sweep flags and --wide to these)."""
     add_workload_args(p, cpu_shape=True)
     add_settings(p, RunSpec)
+
+
+def _iters(args, device: str) -> int:
+    """--iters, its default by device, at least TAIL_ITERS with --tails."""
+    n = args.iters if args.iters is not None else DEFAULT_ITERS[device]
+    return max(n, TAIL_ITERS) if args.tails else n
 
 
 def _workload(args, cpu: bool) -> Workload:

@@ -21,6 +21,7 @@ import itertools
 import json
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -31,7 +32,8 @@ from .. import cli
 from ..cli import Interrupted, count
 from ..core.workload import Workload, WorkloadError
 from ..env.toolkit import SWEEPS_DIR
-from ..records import reader, schema, writer
+from ..records import dispatch as dispatch_records, reader, schema, writer
+from ..records.matrix import format_matrix, matrices
 from ..records.knobs import best_knobs
 from ..records.schema import knobs_of
 from ..records.tables import format_best, sig3
@@ -202,8 +204,12 @@ def run_tagged(run: RunSpec, s: Sweep, case: Case) -> list[dict]:
     """Check and run one case's spec; tag its records with the sweep and the case."""
     recs = run_case(run.check(), progress=lambda m: None)
     for r in recs:
-        r["sweep"] = {"name": s.name, "case": case.key, "knobs": dict(case.knobs)}
+        r["sweep"] = tag(s, case)
     return recs
+
+
+def tag(s: Sweep, case: Case) -> dict:
+    return {"name": s.name, "case": case.key, "knobs": dict(case.knobs)}
 
 
 def _summary_line(r: dict) -> str:
@@ -252,11 +258,11 @@ class SweepState:
         except WorkloadError as e:
             print(f"    refused: {e}")
             self.refused.append(f"{label(self.s, case)}: {e}")
+            run = case_spec(self.base, case)            # the cell is a record too: the capability matrix shows it
+            self.keep(dispatch_records.refused(run, case.backend, str(e), run.to_argv(), tag(self.s, case)))
             return
         self.history.append((case_work(case.w), time.monotonic() - t0))
-        if is_lead():                                   # rank 0 writes the job's records
-            writer.write_jsonl(self.base.out, [r for r in recs if not self.repeats_waiver(r)])
-        self.records += recs
+        self.keep(recs)
         self.done |= done_keys(recs, self.redo_failed)     # keys only grow: no rescan of all records
         self.ran += 1
         for r in recs:
@@ -265,12 +271,18 @@ class SweepState:
             if schema.status(r) == "FAIL":
                 self.failed.add(label(self.s, case))
 
+    def keep(self, recs: list[dict]) -> None:
+        """Records to --out (rank 0 writes the job's) and to this run's list."""
+        if is_lead():
+            writer.write_jsonl(self.base.out, [r for r in recs if not self.repeats_waiver(r)])
+        self.records += recs
+
     def repeats_waiver(self, r: dict) -> bool:
-        """A WAIVED record the file already holds (same case, phase and reason): not appended again."""
-        if schema.status(r) != "WAIVED":
+        """A WAIVED or REFUSED record the file already holds (same case, phase and reason): not appended again."""
+        if schema.status(r) not in ("WAIVED", "REFUSED"):
             return False
         if self.waivers is None:
-            self.waivers = {_waiver_key(x) for x in self.records if schema.status(x) == "WAIVED"}
+            self.waivers = {_waiver_key(x) for x in self.records if schema.status(x) in ("WAIVED", "REFUSED")}
         key = _waiver_key(r)
         seen = key in self.waivers
         self.waivers.add(key)
@@ -284,7 +296,10 @@ class SweepState:
 
 
 def _waiver_key(r: dict) -> tuple:
-    return ((r.get("sweep") or {}).get("case"), r.get("phase"), schema.error(r))
+    """A WAIVED or REFUSED cell: its case, phase, status and reason, the reason's figures left out (the memory free
+    changes from run to run; the reason does not)."""
+    why = re.sub(r"\d+(\.\d+)?", "#", schema.error(r))
+    return (r.get("sweep") or {}).get("case"), r.get("phase"), schema.status(r), why
 
 
 def done_keys(records: list[dict], redo_failed: bool = False) -> set[str]:
@@ -371,6 +386,7 @@ def main_sweep(args) -> int:
         wds = [w.asdict() for w in wls]
         best = [e for e in best_knobs(runner.records) if e["workload"] in wds and e["backend"] in names]
         print(format_best(best) if best else "# no knob setting passed with timing: nothing to pick")
+    print(format_matrix(matrices([r for r in runner.records if (r.get("sweep") or {}).get("name") == s.name])))
     if device == "cpu":
         print("# CPU/gloo run: the times above are functional only, not performance figures")
     if runner.failed:

@@ -1,6 +1,7 @@
 """Timing: warm-up by a time budget, a barrier before every timed call (or, for local kernels,
-the calls queued back to back), optional L2 flush, CUDA events around the call, per-iteration max
-over ranks, then median / p10 / p90 / min. Also host time per call and Chrome traces.
+the calls queued back to back), optional L2 flush, CUDA events around the call, every rank's times
+gathered (the per-iteration max over ranks, then median / p10 / p90 / min, the tails and the rank
+slowest most often: records/shapes.Tails). Also host time per call and Chrome traces.
 
 Launch: after the barrier the L2 flush is queued first, so the host launches the call while the GPU
 flushes, as a training step's host runs ahead of its GPU (DeepEP's bench and nvbench's cold runs
@@ -102,6 +103,16 @@ class Timer:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return t.tolist()
 
+    def across(self, values: list[float]) -> list[list[float]]:
+        """Every rank's `values` in rank order, one all_gather (every rank gets all of them; every rank must give as
+        many): the per-iteration max over ranks, the tails and the straggler (records/shapes.Tails) come from it."""
+        t = torch.tensor(values, dtype=torch.float64, device=self.device if self.cuda else "cpu")
+        if self.group is None or dist.get_world_size(self.group) == 1:
+            return [t.tolist()]
+        rows = [torch.empty_like(t) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(rows, t, group=self.group)
+        return torch.stack(rows).cpu().tolist()
+
     def warmup(self, fn, budget_ms: float, max_calls: int = 1000) -> int:
         """At least two calls, then as many as fit the budget; every rank makes the same number."""
         first = self.agree_max([self.once(fn), self.once(fn)])
@@ -132,7 +143,8 @@ class Timer:
         of a collective pays), or queued (`queued`: local kernels)."""
         self.warmup(fn, warmup_ms)
         times = self.queued(fn, iters) if queued else [self.once(fn) for _ in range(iters)]
-        st = Timing.of(self.agree_max(times), self.timer_name)
+        ranks = self.across(times)
+        st = Timing.of([max(col) for col in zip(*ranks)], self.timer_name, ranks)
         st.launch = "queued back to back" if (queued and self.cuda) else self.launch
         return st
 

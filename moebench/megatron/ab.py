@@ -8,7 +8,10 @@ beats the control's by more than the measured noise:
     noise_us = (control.median - control.p10) + (candidate.p90 - candidate.median)
     win      = gain_us > noise_us  and  gain_us > min_gain * control.median
 
-i.e. the candidate's p90 is below the control's p10. Among winners the largest gain is taken.
+i.e. the candidate's p90 is below the control's p10. Where the file holds repeats of both (dispatch --repeats N:
+fresh processes, the order rotated) the A/B is over them instead, paired by repeat (records/repeats.py): the
+candidate wins when the whole 95% bootstrap interval of its time over the control's lies below 1 and it saves
+more than min_gain; the output names which noise it used. Among winners the largest gain is taken.
 Otherwise `alltoall` stays, with the reason. Megatron-path results (`mcore-*`, the exact code a
 training step runs) are preferred to the raw backends when both a control and a candidate passed
 there; the two families are never mixed in one A/B. Only records whose check PASSed count.
@@ -23,12 +26,13 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 
 from ..core import megatron_map
 from ..core.megatron_map import BACKENDS, CONTROL
 from ..harness.spec import ENV_KNOB
-from ..records import schema
+from ..records import repeats, schema
 from ..records.schema import PHASES, env_difference
 from ..records.tables import fit
 from .flags import megatron_flags, parse_version
@@ -85,7 +89,11 @@ def summarize(records: list[dict], view: str = "api") -> dict[str, Summary]:
     return out
 
 
-def compare(control: Summary, cand: Summary, min_gain: float = 0.0) -> dict:
+def compare(control: Summary, cand: Summary, min_gain: float = 0.0, paired: list | None = None) -> dict:
+    """The candidate against the control: over `paired` (control us, candidate us) repeats where the file has them
+    (records/repeats.py), else by the p10/p90 spread of their last runs."""
+    if paired:
+        return compare_repeats(control, cand, min_gain, paired)
     gain = control.median_us - cand.median_us
     noise = (control.median_us - control.p10_us) + (cand.p90_us - cand.median_us)
     wins = gain > noise and gain > min_gain * control.median_us
@@ -102,6 +110,32 @@ def compare(control: Summary, cand: Summary, min_gain: float = 0.0) -> dict:
         mem = cand.footprint_bytes - control.footprint_bytes
     return {"name": cand.name, "status": cand.status, "median_us": cand.median_us, "p10_us": cand.p10_us,
             "p90_us": cand.p90_us, "gain_us": gain, "noise_us": noise, "wins": wins, "why": why,
+            "noise": NOISE_ONE_RUN, "footprint_bytes": cand.footprint_bytes, "footprint_delta_bytes": mem}
+
+
+NOISE_ONE_RUN = "p10/p90 of one run's iterations (not independent samples: dispatch --repeats N gives repeats)"
+
+
+def compare_repeats(control: Summary, cand: Summary, min_gain: float, paired: list) -> dict:
+    """The A/B over repeats, paired: the candidate wins when the whole 95% interval of its time over the control's
+    (records/repeats.interval) lies below 1 and it saves more than min_gain; medians are over the repeats."""
+    ratio, lo, hi = repeats.interval(paired)
+    c_us, k_us = (float(statistics.median(p[i] for p in paired)) for i in (0, 1))
+    wins = hi < 1.0 and 1.0 - ratio > min_gain
+    ab = f"candidate / {control.name} {ratio:.3f} (95% {lo:.3f}-{hi:.3f}, {repeats.method(len(paired))})"
+    if wins:
+        why = f"faster by {100 * (1 - ratio):.1f}%: {ab}"
+    elif ratio >= 1.0:
+        why = f"not faster than {control.name}: {ab}"
+    elif hi >= 1.0:
+        why = f"the gain is within the noise of the repeats: {ab}"
+    else:
+        why = f"gain {100 * (1 - ratio):.1f}% is below the required {100 * min_gain:.1f}%: {ab}"
+    mem = (cand.footprint_bytes - control.footprint_bytes
+           if cand.footprint_bytes is not None and control.footprint_bytes is not None else None)
+    return {"name": cand.name, "status": cand.status, "median_us": k_us, "p10_us": min(p[1] for p in paired),
+            "p90_us": max(p[1] for p in paired), "gain_us": c_us - k_us, "ratio": ratio, "ci_low": lo, "ci_high": hi,
+            "repeats": len(paired), "wins": wins, "why": why, "noise": repeats.method(len(paired)),
             "footprint_bytes": cand.footprint_bytes, "footprint_delta_bytes": mem}
 
 
@@ -125,8 +159,12 @@ def decide(records: list[dict], min_gain: float = 0.0, view: str = "api", versio
         return out
     control_name, cands = megatron_map.families()[fam]
     control = sums[control_name]
+    rep = {n: repeats.totals([r for r in records if schema.name(r) == n], view) for n in (control_name, *cands)}
     out["control"] = {"name": control.name, "median_us": control.median_us, "p10_us": control.p10_us,
                       "p90_us": control.p90_us, "footprint_bytes": control.footprint_bytes}
+    over = [us for us, _ in rep[control_name].values()]
+    if len(over) >= repeats.MIN_PAIRS:         # the control over its repeats, as the candidates are judged
+        out["control"].update(median_us=statistics.median(over), p10_us=min(over), p90_us=max(over), repeats=len(over))
     best = None
     for name in cands:
         if name not in sums:
@@ -134,7 +172,7 @@ def decide(records: list[dict], min_gain: float = 0.0, view: str = "api", versio
         elif sums[name].status != "PASS":
             out["candidates"].append(_ineligible(sums[name]))
         else:
-            c = compare(control, sums[name], min_gain)
+            c = compare(control, sums[name], min_gain, repeats.pairs(rep[control_name], rep[name]))
             out["candidates"].append(c)
             if c["wins"] and (best is None or c["gain_us"] > best["gain_us"]):
                 best = c
@@ -263,13 +301,15 @@ def format_decision(d: dict) -> str:
                      f"device={d.get('device')}")
     if d.get("control"):
         c = d["control"]
-        lines.append(f"#   control {c['name']}: {c['median_us']:.1f} us (p10 {c['p10_us']:.1f}, p90 {c['p90_us']:.1f})"
-                     + _memory(c))
+        lines.append(f"#   control {c['name']}: {c['median_us']:.1f} us ({_spread(c)})" + _memory(c))
     for c in d.get("candidates", []):
-        t = f"{c['median_us']:.1f} us (p10 {c['p10_us']:.1f}, p90 {c['p90_us']:.1f}) " if "median_us" in c else ""
+        t = f"{c['median_us']:.1f} us ({_spread(c)}) " if "median_us" in c else ""
         lines.append(f"#   candidate {c['name']}: {t}{'WINS' if c.get('wins') else 'no'} - {c['why']}" + _memory(c))
     f = d["flags"]
     lines.append(f"# winner: {d['winner']} - {d['reason']}")
+    noises = sorted({c["noise"] for c in d.get("candidates", []) if c.get("noise")})
+    if noises:
+        lines.append(f"# noise: {'; '.join(noises)}")
     lines.append(f"megatron-lm:     {f['megatron_lm_cmdline']}")
     lines.append(f"megatron-bridge: {' '.join(f['megatron_bridge'])}")
     lines.append(f"bridge-perf:     {f['bridge_perf_cmdline']}")
@@ -278,6 +318,13 @@ def format_decision(d: dict) -> str:
     lines += [f"# {x}" for x in d.get("labels") or []]
     lines += [f"# note: {n}" for n in [*(d.get("notes") or []), *f["notes"]]]
     return "\n".join(fit(lines))
+
+
+def _spread(c: dict) -> str:
+    """'p10 X, p90 Y' of one run, or 'median of N repeats, min-max' over repeats."""
+    if c.get("repeats"):
+        return f"median of {c['repeats']} repeats, {c['p10_us']:.1f}-{c['p90_us']:.1f}"
+    return f"p10 {c['p10_us']:.1f}, p90 {c['p90_us']:.1f}"
 
 
 def _memory(c: dict) -> str:

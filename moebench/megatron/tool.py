@@ -30,6 +30,7 @@ from ..env.limits import open_files_problem
 from ..env.toolkit import dist_version
 from ..harness.views import SAMPLED as SAMPLED_VIEWS
 from ..records.reader import RecordError, read_dispatch
+from ..records.repeats import RepeatError
 from ..records.schema import FUNCTIONAL_NOTE, performance_only
 from . import ab
 from . import flags as F
@@ -275,6 +276,6 @@ def main(argv: list[str] | None = None) -> int:
         if bad_launch:
             raise LmError(bad_launch)
         return VERBS[args.cmd](args, argv)
-    except (F.FlagsError, LmError, RecordError) as e:
+    except (F.FlagsError, LmError, RecordError, RepeatError) as e:
         cli.error(f"moebench.megatron {args.cmd}", e)
         return 2

@@ -36,8 +36,10 @@ def phase_traffic(spec, phase: str, dedup: bool, t, timing: dict | None, measure
     return tr
 
 
-def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start: str) -> list[dict]:
-    """The records of one backend's result `res` (harness/runner.RankResult). spec: the run's RunSpec."""
+def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start: str,
+          repeat: dict | None = None) -> list[dict]:
+    """The records of one backend's result `res` (harness/runner.RankResult). spec: the run's RunSpec; repeat:
+    shapes.Repeat's dict, with --repeats."""
     w = spec.workload
     prov = provenance.provenance()
     gpu = prov.get("gpu") if not spec.functional else None     # no ceiling fraction for functional runs
@@ -55,8 +57,24 @@ def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start
             kernels=res.kernels.get(phase), views=res.views.get(phase), overlap=res.overlap.get(phase),
             check=check.asdict(), env=prov, start_utc=start, end_utc=provenance.utc_now(),
             functional=spec.functional, shared_gpu=shared.asdict() if shared else None,
-            memory=mem.asdict() if mem else None).asdict())
+            memory=mem.asdict() if mem else None, repeat=repeat,
+            **{f"{k}_sha256": v for k, v in (res.inputs_sha256 or {}).items()}).asdict())
     return recs
+
+
+REFUSED = "REFUSED"          # a sweep's case the preflight refused before any rank started (records/matrix.py)
+
+
+def refused(spec, name: str, why: str, argv: list[str], sweep: dict | None = None) -> list[dict]:
+    """The records of a case refused before any work (a sweep keeps them: the capability matrix shows the cell):
+    one per phase, nothing timed, nothing counted (a refused shape may be too large even to draw its routing)."""
+    start, prov = provenance.utc_now(), provenance.provenance()
+    return [DispatchRecord(
+        argv=argv, repro=provenance.repro_command(argv, "moebench.dispatch"), workload=spec.workload.asdict(),
+        device=spec.device, backend={"name": name, "knobs": spec.backend_knobs}, phase=phase, timing=None,
+        traffic=Traffic(note="refused before any rank started: nothing moved").asdict(), check=Check(REFUSED, why).asdict(),
+        env=prov, start_utc=start, end_utc=start, functional=spec.functional, sweep=sweep).asdict()
+        for phase in PAYLOAD_OF]
 
 
 def soak_of(asked: int, ranks: list[dict], error: str | None, crash: str | None, budget_s: float = 0.0) -> Soak:

@@ -232,3 +232,34 @@ def plot_permute(recs, copy_GBps, path):
     fig.tight_layout()
     save(fig, path, 120)
     return fig
+
+
+MATRIX_COLOURS = {"PASS": "#4caf50", "CLAMPED": "#cddc39", "WAIVED": "#bdbdbd", "REFUSED": "#ff9800", "FAIL": "#e53935"}
+
+
+def plot_matrix(ms: list[dict], path: str):
+    """The capability matrices (records/matrix.py) as heat maps, one panel per sweep: a colour per status, the
+    status and its one-word reason in each cell, white where a cell never ran. Returns the Figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+    from .matrix import STATES
+    order = ("-", *STATES)
+    fig = Figure(figsize=(max(6.0, 1.3 * max(len(m["cases"]) for m in ms) + 2), sum(0.5 * len(m["backends"]) + 1.2
+                                                                                   for m in ms)))
+    FigureCanvasAgg(fig)
+    for i, m in enumerate(ms):
+        ax = fig.add_subplot(len(ms), 1, i + 1)
+        cells = [[m["cells"].get((b, k)) for k, _ in m["cases"]] for b in m["backends"]]
+        codes = [[order.index(c.status) if c else 0 for c in row] for row in cells]
+        ax.imshow(codes, cmap=ListedColormap(["white", *(MATRIX_COLOURS[s] for s in STATES)]), vmin=0,
+                  vmax=len(order) - 1, aspect="auto")
+        for y, row in enumerate(cells):
+            for x, c in enumerate(row):
+                ax.text(x, y, f"{c.status}\n{c.reason}".strip() if c else "-", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(m["cases"])), [lb for _, lb in m["cases"]], rotation=20, fontsize=7)
+        ax.set_yticks(range(len(m["backends"])), m["backends"], fontsize=8)
+        ax.set_title(f"capability matrix: sweep {m['sweep']}" + (f" ({m['where']})" if m["where"] else ""), fontsize=9)
+    fig.tight_layout()
+    save(fig, path, 110)
+    return fig

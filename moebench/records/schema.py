@@ -45,11 +45,15 @@ class DispatchRecord:
     sweep: dict | None = None        # {name, case, knobs} for a sweep's records
     soak: dict | None = None         # --soak: shapes.Soak (phase "soak")
     memory: dict | None = None       # shapes.Memory: buffers, torch peaks, footprint per rank and max
+    routing_sha256: str | None = None  # core/digest.py: every rank's top-k ids and weights as the backend got them
+    payload_sha256: str | None = None  # ... and its tokens (and fp8 scales)
+    repeat: dict | None = None       # --repeats N: shapes.Repeat (which run of the case, the backend order)
     byte_rule: str = BYTE_RULE
     schema: str = field(default=SCHEMA, init=False)
 
     def asdict(self) -> dict:
-        return _compact(asdict(self), ("kernels", "sweep", "views", "overlap", "soak", "memory"))
+        return _compact(asdict(self), ("kernels", "sweep", "views", "overlap", "soak", "memory", "routing_sha256",
+                                       "payload_sha256", "repeat"))
 
 
 @dataclass

@@ -4,19 +4,69 @@ dataclass field here; the record is written as their dicts (`asdict`), readers g
 Units live in key names."""
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field, fields
 
 
 def quantile(sorted_values: list[float], p: float) -> float:
     """The p-quantile by nearest rank (the p10 / p90 of every timing)."""
-    import math
     t = sorted_values
     return t[min(len(t) - 1, max(0, math.ceil(p * len(t)) - 1))]
 
 
 def _compact(obj, optional: tuple[str, ...]) -> dict:
     return {k: v for k, v in asdict(obj).items() if not (k in optional and v in (None, "", {}, []))}
+
+
+# CollectiveX's samples per cell: 256 trials x 8 iterations, p50 to p99 of the per-iteration max over ranks
+# (SemiAnalysisAI/InferenceX experimental/CollectiveX; ../shared/notes/peers-2026-12.md section 5); --tails times
+# at least this many iterations
+TAIL_ITERS = 2048
+TAIL_QUANTILES = (("p99_us", 0.99), ("p999_us", 0.999))
+
+
+@dataclass
+class Tails:
+    """The tail and the straggler of a timed loop, from every rank's per-iteration times (NCCL EP's ep_bench names
+    its min and max rank; CollectiveX keeps p99 of the cross-rank max). A quantile p is given only where a sample
+    lies beyond it, n >= 1 / (1 - p) (p99 from 100 samples, p999 from 1000): the top one of 20 is their max, not
+    a p99; `tails_note` says why one is missing. The slowest rank is the one that was slowest in the most
+    iterations (the lowest rank on a tie), `slowest_rank_share` the fraction of them; `per_rank_us` each rank's
+    median, in rank order."""
+    p99_us: float | None = None
+    p999_us: float | None = None
+    tails_note: str = ""
+    slowest_rank: int | None = None
+    slowest_rank_share: float | None = None
+    per_rank_us: list[float] | None = None
+
+    @classmethod
+    def of(cls, per_rank_us: list[list[float]]) -> Tails:
+        """From [rank][iteration] microseconds (every rank the same number of iterations)."""
+        if not per_rank_us or not per_rank_us[0]:
+            return cls()
+        per_iter = [max(col) for col in zip(*per_rank_us)]
+        n, t = len(per_iter), sorted(per_iter)
+        out, missing = cls(), []
+        for key, p in TAIL_QUANTILES:
+            need = round(1 / (1 - p))
+            if n >= need:
+                setattr(out, key, t[min(n - 1, max(0, math.ceil(p * n) - 1))])
+            else:
+                missing.append(f"{key.removesuffix('_us')} needs >= {need} samples")
+        if missing:
+            out.tails_note = f"{n} samples: {', '.join(missing)} (--tails times {TAIL_ITERS})"
+        wins = [0] * len(per_rank_us)
+        for col in zip(*per_rank_us):
+            wins[col.index(max(col))] += 1
+        out.slowest_rank = wins.index(max(wins))
+        out.slowest_rank_share = wins[out.slowest_rank] / n
+        out.per_rank_us = [round(statistics.median(r), 3) for r in per_rank_us]
+        return out
+
+    def asdict(self) -> dict:
+        return _compact(self, tuple(f.name for f in fields(self)))
 
 
 @dataclass
@@ -39,16 +89,25 @@ class Timing:
     host_us: float | None = None             # what the median holds beyond that (None: within noise, host_note)
     host_note: str = ""
     api_minus_graph_us: float | None = None  # the host overhead a step pays without CUDA graphs
+    p99_us: float | None = None              # Tails: the tail (None: too few samples, tails_note says why)
+    p999_us: float | None = None
+    tails_note: str = ""
+    slowest_rank: int | None = None          # the rank slowest in the most iterations, and in what share of them
+    slowest_rank_share: float | None = None
+    per_rank_us: list[float] | None = None   # each rank's median
 
     @classmethod
-    def of(cls, times_s: list[float], timer: str) -> Timing:
+    def of(cls, times_s: list[float], timer: str, per_rank_s: list[list[float]] | None = None) -> Timing:
+        """From the per-iteration max over ranks (seconds); per_rank_s, every rank's own times, gives the Tails."""
         samples = [x * 1e6 for x in times_s]
         t = sorted(samples)
-        return cls(timer, len(t), statistics.median(t), quantile(t, 0.10), quantile(t, 0.90), t[0], samples)
+        tails = Tails.of([[x * 1e6 for x in r] for r in per_rank_s]) if per_rank_s else Tails()
+        return cls(timer, len(t), statistics.median(t), quantile(t, 0.10), quantile(t, 0.90), t[0], samples,
+                   **asdict(tails))
 
     def asdict(self) -> dict:
         d = _compact(self, ("launch", "kernel_sum_us", "kernel_busy_us", "library_us", "moebench_us", "torch_us",
-                            "host_us", "host_note", "api_minus_graph_us"))
+                            "host_us", "host_note", "api_minus_graph_us", *field_names(Tails)))
         d["samples_us"] = [round(x, 3) for x in self.samples_us]
         return d
 
@@ -117,6 +176,19 @@ class Check:
 
     def asdict(self) -> dict:
         return _compact(self, ("crash", "native_bytes"))
+
+
+@dataclass
+class Repeat:
+    """One of a case's --repeats N runs, each backend in fresh rank processes, the backend order rotated by one
+    every repeat (AWS's fair EP comparison: process starts, not iterations, are the independent samples)."""
+    index: int                               # 0 .. of - 1
+    of: int
+    order: list[str]                         # the backends in the order this repeat ran them
+    run: str                                 # the repeated run's id (its start time and pid): pairs are (run, index)
+
+    def asdict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass

@@ -54,7 +54,8 @@ LEGEND = ("# us: median, slowest rank; lib: its library's kernels; algbw/busbw: 
 
 def columns(views: tuple[str, ...], wide: bool, overlap: bool) -> list[str]:
     """The dispatch table's header: api first, then the other views, api - graph where graph is shown."""
-    head = ["backend", "phase", "SMs", "api us", "lib us", "p90 us", *(f"{v} us" for v in views if v != "api")]
+    head = ["backend", "phase", "SMs", "api us", "lib us", "p90 us", *(["p99 us"] if wide else []),
+            *(f"{v} us" for v in views if v != "api")]
     if "graph" in views:
         head.append("api-graph us")
     head += ["algbw GB/s", "busbw GB/s", *(["wirebw GB/s"] if wide else []), "frac ceil", "mem GiB"]
@@ -73,7 +74,7 @@ def table_rows(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wide
         if t and schema.is_functional(r):      # CPU/gloo or shared-GPU ranks: the times are no measurement
             check += " [functional]"
         row = [label(r), r["phase"], sig3(sms(r)), sig3(t.get("median_us")), sig3(t.get("library_us")),
-               sig3(t.get("p90_us")),
+               sig3(t.get("p90_us")), *([sig3(t.get("p99_us"))] if wide else []),
                *(sig3(schema.view_us(r, v)) for v in views if v != "api")]
         if "graph" in views:
             row.append(sig3(t.get("api_minus_graph_us")))
@@ -87,9 +88,11 @@ def table_rows(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wide
 
 
 def label(r: dict) -> str:
-    """The backend's name, with its mode where it has several (ncclep ht / ll, hybridep's)."""
-    mode = schema.backend_knobs(r).get("mode")
-    return schema.name(r) + (f" {mode}" if isinstance(mode, str) and mode else "")
+    """The backend's name, with its mode where it has several (ncclep ht / ll, hybridep's), and which repeat
+    (--repeats N: `#2/3`)."""
+    mode, rep = schema.backend_knobs(r).get("mode"), r.get("repeat") or {}
+    return (schema.name(r) + (f" {mode}" if isinstance(mode, str) and mode else "")
+            + (f" #{rep['index'] + 1}/{rep['of']}" if rep else ""))
 
 
 def sms(r: dict):

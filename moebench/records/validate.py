@@ -21,8 +21,8 @@ from .shapes import MEMORY_KEYS
 WORKLOAD_KEYS = ("num_tokens", "hidden", "num_experts", "topk", "ep", "dtype", "routing", "seed", "gpus_per_node")
 TEXT_KEYS = ("dtype", "routing")
 COUNT_MAX = 2**63 - 1                 # what a count or seed of a real run fits in (torch's int64)
-TIMES = ("median_us", "p10_us", "p90_us", "min_us")
-VIEW_TIMES = ("us", "median_us", "mean_us", "max_over_ranks_us")
+TIMES = ("median_us", "p10_us", "p90_us", "min_us", "p99_us", "p999_us")
+VIEW_TIMES = ("us", "median_us", "mean_us", "max_over_ranks_us", "p99_us", "p999_us")
 # (bandwidth, the bytes it carries): a bandwidth is 0 only where its bytes are
 BANDWIDTHS = (("algbw_GBps", "bytes"), ("busbw_GBps", "bus_bytes"), ("nvlink_GBps", "nvlink_bytes"),
               ("net_GBps", "net_bytes"), ("wirebw_GBps", "wire_bytes"))
@@ -116,12 +116,19 @@ def _figures(d: dict, keys, where: str, **kw) -> Problem | None:
 
 
 def _samples(d: dict, where: str) -> Problem | None:
-    s = d.get("samples_us")
-    if s is None:
-        return None
-    if not isinstance(s, list):
-        return Problem(f"{where}samples_us is {show(s)}, not a list of times")
-    return next((p for i, v in enumerate(s) if (p := figure(f"{where}samples_us[{i}]", v))), None)
+    """samples_us and per_rank_us (records/shapes.Tails): lists of times; the straggler's rank and share."""
+    for key in ("samples_us", "per_rank_us"):
+        s = d.get(key)
+        if s is not None and not isinstance(s, list):
+            return Problem(f"{where}{key} is {show(s)}, not a list of times")
+        if p := next((p for i, v in enumerate(s or []) if (p := figure(f"{where}{key}[{i}]", v))), None):
+            return p
+    share = d.get("slowest_rank_share")
+    if share is not None and (p := figure(f"{where}slowest_rank_share", share) or (
+            Problem(f"{where}slowest_rank_share is {show(share)}: not a fraction of the iterations", True)
+            if share > 1 else None)):
+        return p
+    return _count(d, "slowest_rank", where, low=0)
 
 
 def _ordered(d: dict, where: str) -> Problem | None:
@@ -248,9 +255,31 @@ def _parts(r: dict) -> Problem | None:
                 or _count(shared, "ranks_per_gpu", "shared_gpu.") if shared else None))
 
 
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _repeat(r: dict) -> Problem | None:
+    """The input digests (64 hex digits each) and the repeat tag {index < of, of, order, run} (shapes.Repeat)."""
+    for key in ("routing_sha256", "payload_sha256"):
+        v = r.get(key)
+        if v is not None and not (isinstance(v, str) and SHA256.fullmatch(v)):
+            return Problem(f"{key} is {show(v)}, not a SHA-256 in hex")
+    rep = r.get("repeat")
+    if rep is None:
+        return None
+    if not isinstance(rep, dict):
+        return Problem(f"repeat is {show(rep)}, not an object")
+    p = (next((p for k in ("index", "of") if (p := _typed(rep, k, "repeat.", int, "a count", required=True))), None)
+         or _count(rep, "index", "repeat.", low=0) or _count(rep, "of", "repeat.")
+         or _typed(rep, "run", "repeat.", str, "a string", required=True) or _typed(rep, "order", "repeat.", list, "a list"))
+    if p is None and rep["index"] >= rep["of"]:
+        p = Problem(f"repeat.index {rep['index']} is not below repeat.of {rep['of']}")
+    return p
+
+
 def dispatch_problem(r: dict, need=WORKLOAD_KEYS) -> Problem | None:
     """The first problem of a moebench.dispatch record, or None. need: the workload keys the tool reads."""
-    return (_workload(r, need) or _parts(r) or _timing(r.get("timing")) or _views(r.get("views"))
+    return (_workload(r, need) or _parts(r) or _repeat(r) or _timing(r.get("timing")) or _views(r.get("views"))
             or _traffic(r.get("traffic")) or _overlap(r.get("overlap")) or _memory(r.get("memory")))
 
 

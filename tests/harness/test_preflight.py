@@ -61,7 +61,9 @@ def test_sweep_skips_a_case_that_does_not_fit_with_the_estimate(tmp_path, capsys
     out, err = capsys.readouterr()
     assert rc == 0, out                                # what fits ran; the case that does not is named
     assert "T=4096" in out and "refused: alltoall on EP 2 needs ~" in out and "estimate" in out
-    assert "ran 1, skipped 0 already in" in out and out.rstrip().splitlines()[-2].endswith("refused 1")
+    end = next(line for line in out.splitlines() if line.startswith("# sweep s: ran"))
+    assert "ran 1, skipped 0 already in" in end and end.endswith("refused 1")
+    assert "REFUSED memory" in out.split("# capability matrix: sweep s")[1]       # the refused cell is recorded
     assert err.startswith("# REFUSED 1 case(s), the first s T=4096")
 
 

@@ -22,7 +22,8 @@ def test_dispatch_table_and_sweep_line_show_small_figures():
     row = tables.table_rows([rec(frac_of_ceiling=-0.00213)])[0]           # SMs, api, lib, p90, graph, api-graph
     assert row[2:11] == ["-", "1230", "-", "0.500", "-", "-", "0.0213", "0.0107", "-0.00213"]
     wide = tables.table_rows([rec(frac_of_ceiling=-0.00213)], ("api", "cached", "kernel", "graph"), wide=True)[0]
-    assert wide[3:14] == ["1230", "-", "0.500", "-", "-", "-", "-", "0.0213", "0.0107", "0.0851", "-0.00213"]
+    # api, lib, p90, p99 (--wide), cached, kernel, graph, api-graph, ...
+    assert wide[3:15] == ["1230", "-", "0.500", "-", "-", "-", "-", "-", "0.0213", "0.0107", "0.0851", "-0.00213"]
     lib = {**rec(), "timing": {"median_us": 1234.5, "p90_us": 0.5, "library_us": 321.0}}
     assert tables.table_rows([lib])[0][3:5] == ["1230", "321"]           # the library's share beside the api figure
 

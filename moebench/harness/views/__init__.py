@@ -21,7 +21,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ...records.shapes import View
+from ...records.shapes import Tails, View
 from ...records.shapes import view_fail as fail  # noqa: F401  (the views' shapes, named once, in records/)
 from ...records.shapes import view_none as none
 from .profile import KERNEL_ROWS  # noqa: F401  (the kernel rows a record keeps, for the runner)
@@ -34,6 +34,13 @@ def figure(us: float, max_over_ranks_us: float, aggregation: str, samples_us: li
            **extra) -> dict:
     """A view's one shape (records/shapes.View; the view's own extras after the common keys)."""
     return View(us, max_over_ranks_us, aggregation, samples_us, extra).asdict()
+
+
+def across(timer, values_us: list[float]) -> tuple[list[float], dict]:
+    """(the per-iteration max over ranks, the tail and the straggler: records/shapes.Tails' keys) of every rank's
+    per-iteration microseconds; every rank must call this."""
+    ranks = timer.across(values_us)
+    return [max(col) for col in zip(*ranks)], Tails.of(ranks).asdict()
 
 
 @dataclass

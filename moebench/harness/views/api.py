@@ -5,6 +5,7 @@ layout); its times are the record's `timing`. On CUDA (or with --profile) each p
 profiled too: the record's `kernels`, the host split, and what the kernel view reads."""
 from __future__ import annotations
 
+from ...records.shapes import Tails, field_names
 from . import Case, figure
 from .profile import host_split, profile
 
@@ -24,5 +25,6 @@ def run(case: Case) -> dict:
             case.rows[phase] = prof.rows
             if timer.cuda:
                 case.timing[phase].update(host_split(st.median_us, prof))
-        out[phase] = figure(st.median_us, st.median_us, AGG, st.samples_us, iters=st.iters)
+        tails = {k: v for k, v in st.asdict().items() if k in field_names(Tails)}
+        out[phase] = figure(st.median_us, st.median_us, AGG, st.samples_us, iters=st.iters, **tails)
     return out

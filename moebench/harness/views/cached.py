@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 
-from . import PHASES, Case, figure, none
+from . import PHASES, Case, across, figure, none
 from .profile import KERNEL_ROWS, per_rank, profile
 
 NAME, ORDER, SAMPLED = "cached", 1, True
@@ -51,11 +51,11 @@ def one(case: Case, fn, times: list[float] | None = None) -> dict:
         timer.warmup(fn, spec.warmup_ms)
         times = timer.queued(fn, max(spec.iters, 2) + 1)[1:]
     r0, mx = per_rank(timer, statistics.fmean(times) * 1e6, case.rank)
-    per_iter = timer.agree_max([t * 1e6 for t in times])       # for A/B verdicts on this view (report, flags)
+    per_iter, tails = across(timer, [t * 1e6 for t in times])     # for A/B verdicts on this view (report, flags)
     extra = {}
     if timer.cuda:
         rows, busy = profile(fn, timer, flushed=True)
         mine = [sum(r["us_per_iter"] for r in rows), -1.0 if busy is None else busy]
         ksum, busy = timer.agree_max(mine if case.rank == 0 else [float("-inf")] * 2)      # rank 0's, as api's
         extra = {"kernel_sum_us": ksum, "kernel_busy_us": busy if busy >= 0 else None, "kernels": rows[:KERNEL_ROWS]}
-    return figure(r0, mx, agg, per_iter, iters=len(times), **extra)
+    return figure(r0, mx, agg, per_iter, iters=len(times), **tails, **extra)

@@ -22,7 +22,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ...records.shapes import quantile
+from ...records.shapes import Tails, quantile
 from ..timing import Timer, agree_error
 from . import PHASES, Case, fail, figure, none
 from .graph import _done
@@ -99,7 +99,8 @@ def chain(timer: Timer, plan, kept: int, drop: int, check, wait_s: float, warmup
     extra = {"between": "inside the window (the correctness expert on the received slots)"} if plan.between else {}
     return figure(statistics.median(slowest), statistics.median(slowest), AGG, slowest,
                   median_over_ranks_us=quantile(sorted(middle), 0.5), spread_us=statistics.median(spread),
-                  pairs=kept, dropped=drop, mode=plan.mode, covers="dispatch -> combine round trip", **extra)
+                  pairs=kept, dropped=drop, mode=plan.mode, covers="dispatch -> combine round trip",
+                  **Tails.of(per_rank.tolist()).asdict(), **extra)
 
 
 def _gather(timer: Timer, values: list[float]) -> torch.Tensor:

@@ -12,7 +12,7 @@ import time
 import torch
 
 from ..timing import Timer, agree_error
-from . import PHASES, Case, fail, figure, none
+from . import PHASES, Case, across, fail, figure, none
 from .profile import per_rank
 
 NAME, ORDER, SAMPLED = "graph", 3, True
@@ -133,10 +133,10 @@ def graph(timer: Timer, plan, iters: int, rank: int, check, wait_s: float, calls
 
 
 def _graph_view(timer: Timer, us: list[float], rank: int, mode: str, calls: int, flushed: bool) -> dict:
-    per_call = timer.agree_max(us)
+    per_call, tails = across(timer, us)
     r0, mx = per_rank(timer, statistics.fmean(us), rank)
     return figure(statistics.median(per_call), mx, GRAPH_AGG, per_call, rank0_mean_us=r0, calls=len(us),
-                  calls_per_graph=calls, l2_flush=flushed, mode=mode)
+                  calls_per_graph=calls, l2_flush=flushed, mode=mode, **tails)
 
 
 def soak(case: Case, replays: int, wait_s: float = 120.0, out_of_time=lambda: False) -> dict:
