@@ -130,6 +130,9 @@ class RunSpec:
     timeout_s: float = setting(600.0, "--timeout", type=seconds, default=600.0,
                                help="seconds per backend launch", read=lambda a, c: a.timeout,
                                write=lambda v: ["--timeout", v])
+    recreate: bool = setting(False, "--recreate", action="store_true",
+                             help="after the timed calls, destroy the backend and build it again, timed (the churn "
+                                  "sglang#24443 paid), then one call on it checked: the record's setup")
     knobs: dict = setting({}, "--ops-impl", default="auto", choices=base.OPS_IMPL.choices,
                           help="permute/unpermute implementation of the alltoall path", read=_read_knobs,
                           write=_write_knobs,

@@ -6,10 +6,11 @@ from ..core import ceilings, traffic
 from ..env.transport import node_net_ceiling
 from . import provenance
 from .schema import DispatchRecord
-from .shapes import Check, Memory, SharedGpu, Soak, Traffic, binomial_upper
+from .shapes import Check, Memory, Setup, SharedGpu, Soak, Traffic, binomial_upper
 
 PAYLOAD_OF = {"dispatch": "dispatch", "combine": "combine"}  # phase -> bytes it moves
 BUDGET = "BUDGET"            # a soak its time budget ended with no call corrupted (dispatch exits 3)
+SETUP_SHARED = "ranks share GPUs: each rank's setup competes with the others' for the GPU (functional figures)"
 SHARED_NOTE = ("EP ranks are processes sharing GPUs (gloo group, CUDA IPC on one device); their kernels "
                "time-slice, so times are functional only, never performance figures")
 
@@ -44,6 +45,7 @@ def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start
     phases = res.phases or {"dispatch": None, "combine": None}
     shared = SharedGpu(spec.ranks_per_gpu, res.bypassed or [], SHARED_NOTE) if spec.ranks_per_gpu > 1 else None
     mem = Memory.of(res.memory, shared is not None)
+    setup = Setup.of(res.setup, SETUP_SHARED if shared else None)
     recs = []
     for phase, timing in phases.items():
         check = Check(res.status, res.error or None, res.crash,
@@ -55,7 +57,7 @@ def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start
             kernels=res.kernels.get(phase), views=res.views.get(phase), overlap=res.overlap.get(phase),
             check=check.asdict(), env=prov, start_utc=start, end_utc=provenance.utc_now(),
             functional=spec.functional, shared_gpu=shared.asdict() if shared else None,
-            memory=mem.asdict() if mem else None).asdict())
+            memory=mem.asdict() if mem else None, setup=setup.asdict() if setup else None).asdict())
     return recs
 
 

@@ -45,11 +45,12 @@ class DispatchRecord:
     sweep: dict | None = None        # {name, case, knobs} for a sweep's records
     soak: dict | None = None         # --soak: shapes.Soak (phase "soak")
     memory: dict | None = None       # shapes.Memory: buffers, torch peaks, footprint per rank and max
+    setup: dict | None = None        # shapes.Setup: group, build, first call (and --recreate) ms per rank and max
     byte_rule: str = BYTE_RULE
     schema: str = field(default=SCHEMA, init=False)
 
     def asdict(self) -> dict:
-        return _compact(asdict(self), ("kernels", "sweep", "views", "overlap", "soak", "memory"))
+        return _compact(asdict(self), ("kernels", "sweep", "views", "overlap", "soak", "memory", "setup"))
 
 
 @dataclass
@@ -159,6 +160,11 @@ def view_us(r: dict, view: str) -> float | None:
 def footprint_bytes(r: dict) -> int | None:
     """The backend's footprint at this shape, the largest over ranks (shapes.Memory); None where not measured."""
     return ((r.get("memory") or {}).get("max") or {}).get("footprint_bytes")
+
+
+def setup_ms(r: dict) -> float | None:
+    """The backend's build + first call, the slowest rank's (shapes.Setup); None where not measured (older records)."""
+    return (r.get("setup") or {}).get("setup_ms")
 
 
 def largest_footprint(recs) -> int | None:

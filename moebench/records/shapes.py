@@ -228,3 +228,34 @@ class Memory:
 
     def asdict(self) -> dict:
         return _compact(self, ("max", "source", "none", "note"))
+
+
+SETUP_KEYS = ("group_ms", "build_ms", "first_call_ms", "destroy_ms", "recreate_ms", "recreate_first_call_ms")
+
+
+@dataclass
+class Setup:
+    """What a backend costs before its first useful call, per rank, in ms (harness/setupcost.py says how each is
+    taken): `group_ms` init_process_group (it waits for the last rank to join), `build_ms` the backend's
+    construction and setup (buffers, handles, their IPC exchange, an NCCL EP group), `first_call_ms` the first
+    dispatch + combine (JIT compiles, lazy allocations and registrations; `first_dispatch_ms`, `first_combine_ms`),
+    and with --recreate `destroy_ms` (teardown), `recreate_ms` (construction + setup again) and
+    `recreate_first_call_ms`. `max`: each the largest over ranks; `setup_ms`: the largest build + first call, the
+    table's `setup ms`."""
+    per_rank: list[dict]
+    max: dict
+    setup_ms: float | None
+    note: str | None = None
+
+    @classmethod
+    def of(cls, per_rank: list[dict], note: str | None = None) -> Setup | None:
+        if not per_rank:
+            return None
+        top = {k: max(r[k] for r in per_rank if r.get(k) is not None) for k in SETUP_KEYS
+               if any(r.get(k) is not None for r in per_rank)}
+        both = [r["build_ms"] + r["first_call_ms"] for r in per_rank
+                if r.get("build_ms") is not None and r.get("first_call_ms") is not None]
+        return cls(per_rank, top, round(max(both), 3) if both else None, note)
+
+    def asdict(self) -> dict:
+        return _compact(self, ("note",))

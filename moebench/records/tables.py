@@ -48,16 +48,16 @@ def shorten(text: str, width: int) -> str:
 
 
 DEFAULT_VIEWS = ("api", "graph")    # the view columns a table shows without --wide
-LEGEND = ("# us: median, slowest rank; SMs: comm kernels'; algbw/busbw: (token, rank) pairs x bytes / api us, "
-          "all/remote; frac ceil: busbw/link; mem: footprint; README.md")
+LEGEND = ("# us: median, slowest rank; SMs: comm kernels'; algbw/busbw: (token, rank) pairs x B / us, all/remote; "
+          "frac ceil: busbw/link; setup: build+1st call; README.md")
 
 
 def columns(views: tuple[str, ...], wide: bool, overlap: bool) -> list[str]:
-    """The dispatch table's header: api first, then the other views, api - graph where graph is shown."""
+    """The dispatch table's header: api first, then the other views, (wide) api - graph where graph is shown."""
     head = ["backend", "phase", "SMs", "api us", "p90 us", *(f"{v} us" for v in views if v != "api")]
-    if "graph" in views:
+    if "graph" in views and wide:               # api us - graph us, both shown: --wide (setup ms keeps 160 columns)
         head.append("api-graph us")
-    head += ["algbw GB/s", "busbw GB/s", *(["wirebw GB/s"] if wide else []), "frac ceil", "mem GiB"]
+    head += ["algbw GB/s", "busbw GB/s", *(["wirebw GB/s"] if wide else []), "frac ceil", "mem GiB", "setup ms"]
     return head + (["exposed us", "GEMM alone us", "GEMM slowdown"] if overlap else []) + ["check"]
 
 
@@ -74,10 +74,11 @@ def table_rows(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wide
             check += " [functional]"
         row = [label(r), r["phase"], sig3(sms(r)), sig3(t.get("median_us")), sig3(t.get("p90_us")),
                *(sig3(schema.view_us(r, v)) for v in views if v != "api")]
-        if "graph" in views:
+        if "graph" in views and wide:
             row.append(sig3(t.get("api_minus_graph_us")))
         row += [sig3(tr.get("algbw_GBps")), sig3(tr.get("busbw_GBps")),
-                *([sig3(tr.get("wirebw_GBps"))] if wide else []), sig3(tr.get("frac_of_ceiling")), gib(r)]
+                *([sig3(tr.get("wirebw_GBps"))] if wide else []), sig3(tr.get("frac_of_ceiling")), gib(r),
+                sig3(schema.setup_ms(r))]
         if overlap:
             o = r.get("overlap") or {}
             row += [sig3(o.get("exposed_us")), sig3(o.get("gemm_alone_us")), sig3(o.get("gemm_slowdown"))]

@@ -24,6 +24,7 @@ def spec_of(argv):
      "--iters", "3", "--warmup-ms", "5", "--num-sms", "24", "--ops-impl", "torch", "--knob", "mode=plain",
      "--knob", "env:NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API=128", "--no-flush-l2", "--profile",
      "--ceiling-gbps", "450", "--timeout", "30", "--out", "x.jsonl", "--graph-calls", "2"],
+    ["--device", "cpu", "--ep", "2", "--num-experts", "8", "--topk", "2", "--recreate"],
 ])
 def test_to_argv_round_trip(argv):
     spec = spec_of(argv)

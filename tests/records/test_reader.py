@@ -103,6 +103,8 @@ MALFORMED = [
     (changed("memory", {"max": {"footprint_bytes": "big"}}), "memory.max.footprint_bytes is 'big', not an integer"),
     (changed("memory", {"max": {"footprint_bytes": -1}}), "memory.max.footprint_bytes is -1"),
     (changed("memory", {"none": 3}), "memory.none is 3, not a string"),
+    (changed("setup", 5), "setup is 5, not an object"),
+    (changed("setup", {"per_rank": {}}), "setup.per_rank is a JSON object, not a list"),
 ]
 # impossible figures in records of the right shape: skipped by report tables, refused by the tools that judge
 IMPOSSIBLE = [
@@ -128,6 +130,7 @@ IMPOSSIBLE = [
                          "overlapped_us": 1.0, "overlapped_p10_us": 1.0, "overlapped_p90_us": 1.0,
                          "gemm_overlapped_us": 1.0, "gemm_slowdown": 1.0, "exposed_us": -0.5}),
      "overlap.gemm_alone_us is 0.0"),
+    (changed("setup", {"max": {"build_ms": -1.0}}), "setup.max.build_ms is -1.0"),
 ]
 
 
