@@ -14,7 +14,7 @@ from ..core import traffic
 from ..core.workload import WorkloadError, make_routing, rank_inputs
 from ..records import dispatch as records, provenance
 from ..records.schema import PHASES
-from . import memory, oracle, overlap, preflight, setupcost, views
+from . import fault, memory, oracle, overlap, preflight, setupcost, views
 from .launch import LaunchError, RankContext, environment, run_ranks
 from .soak import run_soak
 from .spec import RunSpec
@@ -39,6 +39,7 @@ class RankResult:
     crash: str | None = None                        # the signal that killed a rank, or "hang"
     memory: list = field(default_factory=list)      # every rank's memory figures (harness/memory.py)
     setup: list = field(default_factory=list)       # every rank's setup cost (harness/setupcost.py)
+    fault: object = None                            # --inject: what was seen (records/shapes.Fault)
 
 
 def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
@@ -67,6 +68,7 @@ def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
         return out
     timer = Timer.for_run(spec, dev, ctx.group)
     case = make_case(b, timer, ctx, spec, inputs, checked["d"], checked["y"])
+    case.fault = fault.injector(spec.fault_plan, ctx.rank)
     meter.timed()
     out.views = views.run_all(case, spec.views, after_api=meter.api_done)
     out.memory = memory.gather(meter.result(ctx.rank), ctx.group)
@@ -126,14 +128,19 @@ def _teardown(b) -> None:
 
 
 def run_backend(spec: RunSpec, name: str, measure: bool, rank_pairs: list[int] | None = None) -> RankResult | None:
-    """Launch the ranks for one backend; a crash or timeout becomes a FAIL result. None on the other ranks of
-    a torchrun/srun job (rank 0 reports)."""
+    """Launch the ranks for one backend; a crash or timeout becomes a FAIL result, and so does an injected fault,
+    saying what was seen (harness/fault.py). None on the other ranks of a torchrun/srun job (rank 0 reports)."""
+    watch = fault.Watch(spec.fault_plan, spec.watchdog) if spec.inject else None
     try:
         outs = run_ranks(rank_main, spec.workload.ep, spec.device, spec.timeout_s,
-                         args=(spec, name, measure, rank_pairs), ranks_per_gpu=spec.ranks_per_gpu)
+                         args=(spec, name, measure, rank_pairs), ranks_per_gpu=spec.ranks_per_gpu,
+                         pg_timeout_s=spec.pg_timeout, watch=watch)
+        res = outs[0] if outs else None
     except LaunchError as e:
-        return RankResult("FAIL", str(e).splitlines()[0][:1500], crash=e.crash)
-    return outs[0] if outs else None
+        res = RankResult("FAIL", str(e).splitlines()[0][:1500], crash=e.crash)
+    if watch is not None and res is not None:
+        fault.judge(watch, res)
+    return res
 
 
 def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print, sink=None) -> list[dict]:

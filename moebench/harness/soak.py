@@ -174,7 +174,7 @@ def run_soak(spec, name: str) -> tuple[list[dict], str | None, str | None]:
     try:
         with environment(spec.env):
             ranks = run_ranks(soak_main, spec.workload.ep, spec.device, spec.timeout_s, args=(spec, name, progress),
-                              ranks_per_gpu=spec.ranks_per_gpu)
+                              ranks_per_gpu=spec.ranks_per_gpu, pg_timeout_s=spec.pg_timeout)
         return ranks, None, None
     except LaunchError as e:
         ranks, crash = _read_progress(progress), e.crash

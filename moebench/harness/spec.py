@@ -22,7 +22,7 @@ from ..cli import (MAX_CALLS, MAX_ITERS, MAX_WAIT_S, Parser, add_settings, comma
                    read_settings, seconds, seed, setting, write_settings)
 from ..core.workload import DTYPES, Workload, WorkloadError
 from ..env.limits import open_files_problem
-from . import overlap, preflight
+from . import fault, overlap, preflight
 from .launch import joined_env
 from .placement import Placement, place
 from .views import REGISTRY, VIEWS
@@ -130,6 +130,18 @@ class RunSpec:
     timeout_s: float = setting(600.0, "--timeout", type=seconds, default=600.0,
                                help="seconds per backend launch", read=lambda a, c: a.timeout,
                                write=lambda v: ["--timeout", v])
+    pg_timeout_s: float | None = setting(None, "--pg-timeout", type=seconds, metavar="S",
+                                         help="the process group's own timeout (gloo's wait, NCCL's watchdog; default "
+                                              "--timeout, with --inject half of --watchdog so that it can fire first)")
+    inject: str | None = setting(None, "--inject", type=fault.parse_inject, metavar="kill:RANK@CALL|stall:RANK@CALL:S",
+                                 help="fault acceptance: rank RANK is killed (SIGKILL) or stalls S seconds at its "
+                                      "CALL-th timed dispatch call; the record says what the other ranks saw and how "
+                                      "soon (the stack's own error, moebench's watchdog, a hang); the case FAILs "
+                                      "(harness/fault.py)")
+    watchdog_s: float | None = setting(None, "--watchdog", type=seconds, metavar="S",
+                                       help="with --inject: moebench's watchdog, the seconds the other ranks have "
+                                            "after the fault to end on their own before moebench ends them (default "
+                                            "--timeout)")
     recreate: bool = setting(False, "--recreate", action="store_true",
                              help="after the timed calls, destroy the backend and build it again, timed (the churn "
                                   "sglang#24443 paid), then one call on it checked: the record's setup")
@@ -184,6 +196,20 @@ class RunSpec:
         return self.placement.functional
 
     @property
+    def fault_plan(self) -> fault.Plan | None:
+        return fault.Plan.parse(self.inject) if self.inject else None
+
+    @property
+    def watchdog(self) -> float:
+        """moebench's watchdog after an injected fault: --watchdog, else --timeout."""
+        return self.watchdog_s or self.timeout_s
+
+    @property
+    def pg_timeout(self) -> float:
+        """The process group's own timeout: --pg-timeout, else --timeout (with --inject half of the watchdog)."""
+        return self.pg_timeout_s or (self.watchdog / 2 if self.inject else self.timeout_s)
+
+    @property
     def backend_knobs(self) -> dict:
         """The knobs every backend is given (ops_impl, num_sms, --knob), env:VAR ones left out."""
         return {k: v for k, v in self.knobs.items() if not k.startswith(ENV_KNOB)}
@@ -226,6 +252,12 @@ class RunSpec:
         (preflight.py's estimates)."""
         if self.soak_seconds and not self.soak:
             raise WorkloadError("--soak-seconds is the budget of a soak: give --soak N too")
+        if self.watchdog_s and not self.inject:
+            raise WorkloadError("--watchdog is the watchdog of an injected fault: give --inject too")
+        if self.inject and (bad := self.fault_plan.problem(self.workload.ep, self.iters) or (
+                joined_env() and f"--inject {self.inject}: runs the ranks moebench starts, not under torchrun/srun "
+                                 "(no process outside the job would watch them)")):
+            raise WorkloadError(bad)
         too_big = preflight.workload_problem(self) or open_files_problem(self.workload.ep)
         if too_big:
             raise WorkloadError(too_big)

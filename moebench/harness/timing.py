@@ -127,10 +127,12 @@ class Timer:
         torch.cuda.synchronize(self.device)
         return [s.elapsed_time(e) * 1e-3 for s, e in ev]
 
-    def run(self, fn, iters: int, warmup_ms: float, queued: bool = False) -> Timing:
+    def run(self, fn, iters: int, warmup_ms: float, queued: bool = False, timed=None) -> Timing:
         """Warm up, then time `iters` calls: one at a time behind a barrier (the default: what a rank
-        of a collective pays), or queued (`queued`: local kernels)."""
+        of a collective pays), or queued (`queued`: local kernels). timed: what the timed calls call instead of fn
+        (an injected fault's wrapper, harness/fault.py)."""
         self.warmup(fn, warmup_ms)
+        fn = timed or fn
         times = self.queued(fn, iters) if queued else [self.once(fn) for _ in range(iters)]
         st = Timing.of(self.agree_max(times), self.timer_name)
         st.launch = "queued back to back" if (queued and self.cuda) else self.launch

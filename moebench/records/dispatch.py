@@ -46,6 +46,7 @@ def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start
     shared = SharedGpu(spec.ranks_per_gpu, res.bypassed or [], SHARED_NOTE) if spec.ranks_per_gpu > 1 else None
     mem = Memory.of(res.memory, shared is not None)
     setup = Setup.of(res.setup, SETUP_SHARED if shared else None)
+    fault = res.fault.asdict() if res.fault is not None else None
     recs = []
     for phase, timing in phases.items():
         check = Check(res.status, res.error or None, res.crash,
@@ -57,7 +58,7 @@ def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start
             kernels=res.kernels.get(phase), views=res.views.get(phase), overlap=res.overlap.get(phase),
             check=check.asdict(), env=prov, start_utc=start, end_utc=provenance.utc_now(),
             functional=spec.functional, shared_gpu=shared.asdict() if shared else None,
-            memory=mem.asdict() if mem else None, setup=setup.asdict() if setup else None).asdict())
+            memory=mem.asdict() if mem else None, setup=setup.asdict() if setup else None, fault=fault).asdict())
     return recs
 
 

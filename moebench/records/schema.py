@@ -46,11 +46,12 @@ class DispatchRecord:
     soak: dict | None = None         # --soak: shapes.Soak (phase "soak")
     memory: dict | None = None       # shapes.Memory: buffers, torch peaks, footprint per rank and max
     setup: dict | None = None        # shapes.Setup: group, build, first call (and --recreate) ms per rank and max
+    fault: dict | None = None        # --inject: shapes.Fault, what the other ranks saw and the verdict
     byte_rule: str = BYTE_RULE
     schema: str = field(default=SCHEMA, init=False)
 
     def asdict(self) -> dict:
-        return _compact(asdict(self), ("kernels", "sweep", "views", "overlap", "soak", "memory", "setup"))
+        return _compact(asdict(self), ("kernels", "sweep", "views", "overlap", "soak", "memory", "setup", "fault"))
 
 
 @dataclass

@@ -230,6 +230,25 @@ class Memory:
         return _compact(self, ("max", "source", "none", "note"))
 
 
+@dataclass
+class Fault:
+    """An injected fault (--inject, harness/fault.py): what was done to which rank, what every rank then did
+    (`ranks`: rank, pid, ended: error | signal | done | watchdog | killed | stalled..., after_s since the fault, seen:
+    the first line of its error), the verdict (detects in X s | watchdog only | rides out in X s | hangs | not
+    injected) and its seconds (the last survivor's end, or the watchdog's firing)."""
+    injected: str                            # kill:RANK@CALL | stall:RANK@CALL:SECONDS
+    what: str
+    verdict: str
+    after_s: float | None
+    ranks: list[dict]
+    watchdog_s: float | None = None          # moebench's watchdog: --timeout after the fault
+    left: list[int] = field(default_factory=list)   # ranks still alive after moebench's SIGKILL (hangs)
+    note: str | None = None
+
+    def asdict(self) -> dict:
+        return _compact(self, ("watchdog_s", "note"))
+
+
 SETUP_KEYS = ("group_ms", "build_ms", "first_call_ms", "destroy_ms", "recreate_ms", "recreate_first_call_ms")
 
 

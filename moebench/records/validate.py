@@ -214,6 +214,18 @@ def _setup(s) -> Problem | None:
             or _figures(s, ("setup_ms",), "setup.", zero_ok=True))
 
 
+def _fault(f) -> Problem | None:
+    """fault: {injected, verdict: strings, ranks: [objects], after_s} (shapes.Fault, --inject)."""
+    if f is None:
+        return None
+    if not isinstance(f, dict):
+        return Problem(f"fault is {show(f)}, not an object")
+    return (_typed(f, "injected", "fault.", str, "a fault", required=True)
+            or _typed(f, "verdict", "fault.", str, "a verdict", required=True)
+            or _typed(f, "ranks", "fault.", list, "a list")
+            or _figures(f, ("after_s",), "fault.", zero_ok=True))
+
+
 def _workload(r: dict, need) -> Problem | None:
     w = r.get("workload")
     if not isinstance(w, dict):
@@ -264,7 +276,7 @@ def dispatch_problem(r: dict, need=WORKLOAD_KEYS) -> Problem | None:
     """The first problem of a moebench.dispatch record, or None. need: the workload keys the tool reads."""
     return (_workload(r, need) or _parts(r) or _timing(r.get("timing")) or _views(r.get("views"))
             or _traffic(r.get("traffic")) or _overlap(r.get("overlap")) or _memory(r.get("memory"))
-            or _setup(r.get("setup")))
+            or _setup(r.get("setup")) or _fault(r.get("fault")))
 
 
 def row_problem(row, where: str = "") -> Problem | None:

@@ -105,6 +105,7 @@ MALFORMED = [
     (changed("memory", {"none": 3}), "memory.none is 3, not a string"),
     (changed("setup", 5), "setup is 5, not an object"),
     (changed("setup", {"per_rank": {}}), "setup.per_rank is a JSON object, not a list"),
+    (changed("fault", {"injected": "kill:1@2"}), "fault.verdict is missing"),
 ]
 # impossible figures in records of the right shape: skipped by report tables, refused by the tools that judge
 IMPOSSIBLE = [
