@@ -183,6 +183,9 @@ class RunSpec:
                                        "whichever comes first; a soak the budget ends with no call corrupted is "
                                        "BUDGET (exit 3), not FAIL, its bound taken over the calls made",
                                   write=lambda v: ["--soak-seconds", v] if v else [])
+    soak_recreate: int = setting(0, "--soak-recreate", type=count(0, MAX_CALLS), metavar="N",
+                                 help="with --soak: destroy and build the backend again every N soaked calls, timed "
+                                      "(DeepEP V2's pressure test rebuilds per seed); the soak's record counts them")
     measure_ceiling: bool = True     # also time a plain all_to_all_single for frac_of_measured (NCCL runs)
     note: str = field(default="", compare=False)  # what placing the ranks wants said (CPU fallback, shared GPUs)
 
@@ -252,6 +255,8 @@ class RunSpec:
         (preflight.py's estimates)."""
         if self.soak_seconds and not self.soak:
             raise WorkloadError("--soak-seconds is the budget of a soak: give --soak N too")
+        if self.soak_recreate and not self.soak:
+            raise WorkloadError("--soak-recreate rebuilds the backend during a soak: give --soak N too")
         if self.watchdog_s and not self.inject:
             raise WorkloadError("--watchdog is the watchdog of an injected fault: give --inject too")
         if self.inject and (bad := self.fault_plan.problem(self.workload.ep, self.iters) or (

@@ -62,9 +62,11 @@ def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start
     return recs
 
 
-def soak_of(asked: int, ranks: list[dict], error: str | None, crash: str | None, budget_s: float = 0.0) -> Soak:
+def soak_of(asked: int, ranks: list[dict], error: str | None, crash: str | None, budget_s: float = 0.0,
+            every: int = 0) -> Soak:
     """One Soak from every rank's counts (harness/soak.py): a call is corrupted when any rank saw it wrong. A soak
-    its time ended (--soak-seconds, or --timeout while its calls still advanced) has `budget`, not `stopped`."""
+    its time ended (--soak-seconds, or --timeout while its calls still advanced) has `budget`, not `stopped`.
+    every: --soak-recreate (the backend rebuilt every `every` calls)."""
     done = min((r.get("done", 0) for r in ranks), default=0)
     bad_ids = sorted({i for r in ranks for i in r.get("bad_calls", [])})
     k = len(bad_ids)
@@ -88,7 +90,17 @@ def soak_of(asked: int, ranks: list[dict], error: str | None, crash: str | None,
                 corrupted_tokens=sum(r.get("tokens", 0) for r in ranks), first_bad_call=bad_ids[0] if k else None,
                 bad=bad[:20], upper_95=binomial_upper(k, done), summary=summary, graph=graph, stopped=stopped,
                 budget=budget, stage_ms=_stage_ms(ranks, done), checked_on=next(
-                    (r["checked_on"] for r in ranks if r.get("checked_on")), None))
+                    (r["checked_on"] for r in ranks if r.get("checked_on")), None), rebuilt=_rebuilt(ranks, every))
+
+
+def _rebuilt(ranks: list[dict], every: int) -> dict | None:
+    """--soak-recreate's rebuilds: how many, and their ms (each the slowest rank's)."""
+    per = [r.get("rebuild_ms") or [] for r in ranks]
+    n = min(map(len, per), default=0)
+    if not every:
+        return None
+    ms = sorted(max(p[i] for p in per) for i in range(n))
+    return {"every": every, "count": n, "median_ms": ms[len(ms) // 2] if ms else None, "max_ms": ms[-1] if ms else None}
 
 
 def _stage_ms(ranks: list[dict], done: int) -> dict | None:
@@ -127,7 +139,7 @@ def soak_verdict(s: Soak) -> tuple[str, str]:
 def build_soak(spec, name: str, dedup: bool, ranks: list[dict], error, crash, argv: list[str],
                start: str) -> list[dict]:
     """The soak's record (phase "soak"): its counts, PASS or FAIL with the calls and rows named."""
-    s = soak_of(spec.soak, ranks, error, crash, spec.soak_seconds)
+    s = soak_of(spec.soak, ranks, error, crash, spec.soak_seconds, spec.soak_recreate)
     status, why = soak_verdict(s)
     shared = SharedGpu(spec.ranks_per_gpu, [], SHARED_NOTE) if spec.ranks_per_gpu > 1 else None
     return [DispatchRecord(

@@ -191,9 +191,10 @@ class Soak:
     budget: dict | None = None               # {by: --soak-seconds | --timeout, calls}: its time ran out first
     stage_ms: dict | None = None             # ms per checked call by stage, the slowest rank's (harness/soak.py)
     checked_on: str | None = None            # cpu | cuda: where the oracle ran (the host when ranks share a GPU)
+    rebuilt: dict | None = None              # --soak-recreate: {every, count, median_ms, max_ms} (slowest rank each)
 
     def asdict(self) -> dict:
-        return _compact(self, ("graph", "stopped", "budget", "stage_ms", "checked_on"))
+        return _compact(self, ("graph", "stopped", "budget", "stage_ms", "checked_on", "rebuilt"))
 
 
 MEMORY_KEYS = ("buffers_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "footprint_bytes")

@@ -131,6 +131,8 @@ def soak_lines(records: list[dict]) -> list[str]:
         if s:
             g = s.get("graph") or {}
             graph = f"; graph replays: {g['corrupted']} of {g['replays']} wrong" if "replays" in g else ""
+            if (rb := s.get("rebuilt")) and rb.get("count"):
+                graph += f"; rebuilt {rb['count']} times, {sig3(rb['median_ms'])} ms median"
             err = f": {shorten(schema.error(r), 100)}" if schema.error(r) else ""
             out.append(f"# soak {schema.name(r)}: {schema.status(r)} {s['summary']}{graph}{err}")
     return out

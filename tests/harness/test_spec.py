@@ -25,7 +25,7 @@ def spec_of(argv):
      "--knob", "env:NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API=128", "--no-flush-l2", "--profile",
      "--ceiling-gbps", "450", "--timeout", "30", "--out", "x.jsonl", "--graph-calls", "2"],
     ["--device", "cpu", "--ep", "2", "--num-experts", "8", "--topk", "2", "--inject", "stall:1@2:7.5", "--watchdog",
-     "20", "--pg-timeout", "4", "--recreate"],
+     "20", "--pg-timeout", "4", "--recreate", "--soak", "6", "--soak-recreate", "3"],
 ])
 def test_to_argv_round_trip(argv):
     spec = spec_of(argv)

@@ -297,6 +297,7 @@ def test_nonsense_is_refused_naming_the_problem(tmp_path, capsys, monkeypatch):
              (lambda: dispatch.main([*TINY, "--backend", "all,alltoall", "--out", out]), ("all names every backend",)),
              (lambda: dispatch.main([*d, "--iters", HUGE]), ("--iters must be at most 100000",)),
              (lambda: dispatch.main([*d, "--soak", HUGE]), ("--soak must be at most 1000000",)),
+             (lambda: dispatch.main([*d, "--soak-recreate", "2"]), ("--soak-recreate", "give --soak N too")),
              (lambda: check.main(["-t", "baseline", "--results", str(fifo)]), ("--results needs --baseline",)),
              (lambda: check.main(["-t", "env", "--soak", HUGE]), ("--soak must be at most 1000000",)),
              (lambda: megatron.main(["validate", "--dispatcher", "alltoall", "--iters", HUGE]),
