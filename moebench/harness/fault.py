@@ -16,7 +16,8 @@ then ends every rank. Every rank is reaped; one still alive a while after its SI
 - `hangs`: a rank outlived moebench's SIGKILL: FAIL, "hangs on a dead peer".
 An injected case is FAIL whatever the verdict (it says it was injected and what was seen). The process group's own
 timeout (--pg-timeout) is half of the watchdog in an injected run unless given, so that gloo's or NCCL's can fire
-first. Before the fault the launch is bounded by --timeout as any (setup, JIT compiles).
+first; it holds from the timed calls on: setup and JIT compiles (a rank may compile for a minute while the others
+wait in a collective) keep --timeout, which bounds the launch before the fault as any.
 """
 from __future__ import annotations
 

@@ -147,8 +147,13 @@ def _init(rank: int, world: int, local_rank: int, device_type: str, timeout_s: f
                             timeout=datetime.timedelta(seconds=timeout_s), **kw)
     group_ms = (time.perf_counter() - t0) * 1e3
     if pg_timeout_s is not None and pg_timeout_s != timeout_s:
-        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=pg_timeout_s))
+        set_pg_timeout(pg_timeout_s)
     return RankContext(rank, world, device, dist.group.WORLD, local_rank, ranks_per_gpu, group_ms)
+
+
+def set_pg_timeout(seconds: float, group=None) -> None:
+    """The process group's own timeout from now on (gloo's wait, NCCL's watchdog): the collectives started after."""
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=seconds), group)
 
 
 PR_SET_PDEATHSIG = 1

@@ -15,7 +15,7 @@ from ..core.workload import WorkloadError, make_routing, rank_inputs
 from ..records import dispatch as records, provenance
 from ..records.schema import PHASES
 from . import fault, memory, oracle, overlap, preflight, setupcost, views
-from .launch import LaunchError, RankContext, environment, run_ranks
+from .launch import LaunchError, RankContext, environment, run_ranks, set_pg_timeout
 from .soak import run_soak
 from .spec import RunSpec
 from .stage import WAIVED, CheckFailed, make_backend, make_case, stage
@@ -69,6 +69,8 @@ def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
     timer = Timer.for_run(spec, dev, ctx.group)
     case = make_case(b, timer, ctx, spec, inputs, checked["d"], checked["y"])
     case.fault = fault.injector(spec.fault_plan, ctx.rank)
+    if spec.inject:         # the stack's own timeout from the timed calls on (setup and JIT compiles keep --timeout's)
+        set_pg_timeout(spec.pg_timeout, ctx.group)
     meter.timed()
     out.views = views.run_all(case, spec.views, after_api=meter.api_done)
     out.memory = memory.gather(meter.result(ctx.rank), ctx.group)
@@ -134,7 +136,7 @@ def run_backend(spec: RunSpec, name: str, measure: bool, rank_pairs: list[int] |
     try:
         outs = run_ranks(rank_main, spec.workload.ep, spec.device, spec.timeout_s,
                          args=(spec, name, measure, rank_pairs), ranks_per_gpu=spec.ranks_per_gpu,
-                         pg_timeout_s=spec.pg_timeout, watch=watch)
+                         pg_timeout_s=None if spec.inject else spec.pg_timeout, watch=watch)
         res = outs[0] if outs else None
     except LaunchError as e:
         res = RankResult("FAIL", str(e).splitlines()[0][:1500], crash=e.crash)

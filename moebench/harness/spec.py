@@ -132,7 +132,8 @@ class RunSpec:
                                write=lambda v: ["--timeout", v])
     pg_timeout_s: float | None = setting(None, "--pg-timeout", type=seconds, metavar="S",
                                          help="the process group's own timeout (gloo's wait, NCCL's watchdog; default "
-                                              "--timeout, with --inject half of --watchdog so that it can fire first)")
+                                              "--timeout; with --inject half of --watchdog, so that it can fire "
+                                              "first, from the timed calls on)")
     inject: str | None = setting(None, "--inject", type=fault.parse_inject, metavar="kill:RANK@CALL|stall:RANK@CALL:S",
                                  help="fault acceptance: rank RANK is killed (SIGKILL) or stalls S seconds at its "
                                       "CALL-th timed dispatch call; the record says what the other ranks saw and how "

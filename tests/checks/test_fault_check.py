@@ -31,6 +31,7 @@ def test_a_hang_past_the_watchdog_is_fail_and_a_backend_that_failed_first_is_no_
     assert fault_check.judge("x", "EP 2", [[waived]]).status == "WAIVED"
 
 
+@pytest.mark.slow
 def test_alltoall_on_gloo_detects_a_killed_and_a_stalled_peer(tmp_path):
     """The kill: gloo's connection reset, at once; the stall: gloo's own timeout (half the 4 s watchdog)."""
     out = tmp_path / "c.json"
