@@ -47,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
                    help="after each round trip, N more calls on fresh routing (and N graph replays), each checked "
                         "against the oracle: a build that corrupts a few percent of calls FAILs (default 0: off)")
     p.add_argument("--timeout", type=cli.seconds, default=300.0, help="seconds per contained probe")
+    p.add_argument("--watchdog", type=cli.seconds, default=60.0,
+                   help="fault.*: seconds the other ranks have after the fault to end on their own before moebench "
+                        "ends them (their process group's timeout: half of it; default 60)")
     p.add_argument("--wide", action="store_true", help="whole summaries on the terminal (default: cut to fit 160 columns)")
     p.add_argument("--sysfs-root", default="/sys", help=argparse.SUPPRESS)     # fake trees in tests
     p.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)

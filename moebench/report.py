@@ -58,7 +58,7 @@ REPEATS_NOTE = "rows marked [last of N runs] show the case's last run; --compare
 
 
 TABLE_HEAD = ("T", "backend", "knobs", "phase", "median us", "p10-p90 us", "algbw GB/s", "busbw GB/s",
-              "frac ceil", "frac meas", "mem GiB", "check")
+              "frac ceil", "frac meas", "mem GiB", "setup ms", "check")
 
 
 def _row(r: dict) -> list[str]:
@@ -68,7 +68,7 @@ def _row(r: dict) -> list[str]:
     check += f" [last of {r['_runs']} runs]" if r.get("_runs", 1) > 1 else ""
     return [str(r["workload"]["num_tokens"]), schema.name(r), schema.knob_str(r) or "-", r["phase"],
             sig3(t.get("median_us")), spread, sig3(tr.get("algbw_GBps")), sig3(tr.get("busbw_GBps")),
-            sig3(tr.get("frac_of_ceiling")), sig3(tr.get("frac_of_measured")), gib(r), check]
+            sig3(tr.get("frac_of_ceiling")), sig3(tr.get("frac_of_measured")), gib(r), sig3(schema.setup_ms(r)), check]
 
 
 def _groups(records: list[dict]) -> dict[str, list[dict]]:

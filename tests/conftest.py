@@ -265,3 +265,18 @@ class CrashesInSoak(AlltoallBackend):
             import signal
             os.kill(os.getpid(), signal.SIGSEGV)
         return super().dispatch(*a, **k)
+
+
+class WrongAfterRebuild(AlltoallBackend):
+    """Right until it is built a second time in one process (--recreate), then every combine is off: a buffer that
+    does not come back whole from a destroy and re-create."""
+    name = "test-rebuild"
+    built = 0
+
+    def setup(self, group, w, device):
+        WrongAfterRebuild.built += 1
+        super().setup(group, w, device)
+
+    def combine(self, y_RH, handle):
+        out = super().combine(y_RH, handle)
+        return out * 2 + 1 if WrongAfterRebuild.built > 1 else out

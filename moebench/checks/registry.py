@@ -58,6 +58,7 @@ class Check:
     key: str
     description: str
     fn: Callable[["Context"], Outcome]
+    optional: bool = False       # runs only when -t / -p names it (fault.*: each may wait out a watchdog)
 
 
 @dataclass
@@ -76,12 +77,13 @@ class Context:
 REGISTRY: dict[str, Check] = {}
 
 
-def register(key: str, description: str):
-    """Decorator: add a check function to the registry under `key` (registration order = run order)."""
+def register(key: str, description: str, optional: bool = False):
+    """Decorator: add a check function to the registry under `key` (registration order = run order); an optional
+    one runs only when -t or -p names it."""
     def wrap(fn):
         if key in REGISTRY:
             raise ValueError(f"check {key!r} registered twice")
-        REGISTRY[key] = Check(key, description, fn)
+        REGISTRY[key] = Check(key, description, fn, optional)
         return fn
     return wrap
 
@@ -96,12 +98,12 @@ def family(key: str) -> str:
 
 def select(keys: list[str] | None = None, prefixes: list[str] | None = None) -> list[Check]:
     """Checks named by exact key or family (`keys`) or by key prefix (`prefixes`), in registry
-    order; all checks when neither is given. Unknown names raise SelectionError."""
+    order; all checks but the optional ones when neither is given. Unknown names raise SelectionError."""
     if any(not k.strip() for k in [*(keys or []), *(prefixes or [])]):
         raise SelectionError(f"{'-t' if any(not k.strip() for k in keys or []) else '-p'} is empty: give a check key "
                              "or prefix (-l lists them)")
     if not keys and not prefixes:
-        return list(REGISTRY.values())
+        return [c for c in REGISTRY.values() if not c.optional]
     chosen: set[str] = set()
     for k in keys or []:
         hit = {c for c in REGISTRY if c == k or family(c) == k}

@@ -72,6 +72,7 @@ class RankContext:
     group: object            # the EP process group (the world group)
     local_rank: int = 0
     ranks_per_gpu: int = 1   # > 1: shared-GPU ranks (gloo group, functional only)
+    group_ms: float | None = None   # this rank's init_process_group (records' setup: harness/setupcost.py)
 
 
 def joined_env() -> tuple[int, int, int] | None:
@@ -126,7 +127,9 @@ def pg_backend(device_type: str, ranks_per_gpu: int = 1) -> str:
 
 
 def _init(rank: int, world: int, local_rank: int, device_type: str, timeout_s: float,
-          ranks_per_gpu: int = 1, store=None) -> RankContext:
+          ranks_per_gpu: int = 1, store=None, pg_timeout_s: float | None = None) -> RankContext:
+    """The rank's device and process group. pg_timeout_s: the group's own timeout once every rank has joined (gloo's
+    wait, NCCL's watchdog; --pg-timeout), where it differs from timeout_s, the bound of the rendezvous."""
     if device_type == "cuda":
         device = torch.device("cuda", gpu_of(local_rank, ranks_per_gpu))
         torch.cuda.set_device(device)
@@ -139,9 +142,18 @@ def _init(rank: int, world: int, local_rank: int, device_type: str, timeout_s: f
         torch.set_num_threads(1)
     backend = pg_backend(device_type, ranks_per_gpu)
     kw = {"device_id": device} if backend == "nccl" else {}
+    t0 = time.perf_counter()
     dist.init_process_group(backend, rank=rank, world_size=world, store=store,
                             timeout=datetime.timedelta(seconds=timeout_s), **kw)
-    return RankContext(rank, world, device, dist.group.WORLD, local_rank, ranks_per_gpu)
+    group_ms = (time.perf_counter() - t0) * 1e3
+    if pg_timeout_s is not None and pg_timeout_s != timeout_s:
+        set_pg_timeout(pg_timeout_s)
+    return RankContext(rank, world, device, dist.group.WORLD, local_rank, ranks_per_gpu, group_ms)
+
+
+def set_pg_timeout(seconds: float, group=None) -> None:
+    """The process group's own timeout from now on (gloo's wait, NCCL's watchdog): the collectives started after."""
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=seconds), group)
 
 
 PR_SET_PDEATHSIG = 1
@@ -171,8 +183,12 @@ def _watch_parent(parent_pid: int, every_s: float = 1.0) -> None:
     os._exit(1)
 
 
+FAULT_MARK = "fault-mark"                  # the file a rank injected with a fault writes first (harness/fault.py)
+FAULT_MARK_ENV = "MOEBENCH_FAULT_MARK"     # ... its path, in each rank's environment
+
+
 def _child(rank, world, device_type, timeout_s, port, fn, args, results, ranks_per_gpu=1, parent_pid=None,
-           crash_dir=None):
+           crash_dir=None, pg_timeout_s=None):
     if parent_pid is not None:
         die_with_parent(parent_pid)
     if crash_dir and faulthandler.is_enabled():    # a crash dump of its own: ranks dying together would interleave
@@ -180,8 +196,9 @@ def _child(rank, world, device_type, timeout_s, port, fn, args, results, ranks_p
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if crash_dir:
         os.environ[NATIVE_LOG_ENV] = native_log(crash_dir, rank)
+        os.environ[FAULT_MARK_ENV] = os.path.join(crash_dir, FAULT_MARK)
     try:
-        ctx = _init(rank, world, rank, device_type, timeout_s, ranks_per_gpu)
+        ctx = _init(rank, world, rank, device_type, timeout_s, ranks_per_gpu, pg_timeout_s=pg_timeout_s)
         out = fn(ctx, *args)
         results.put((rank, "ok", out))
         dist.destroy_process_group()
@@ -191,18 +208,20 @@ def _child(rank, world, device_type, timeout_s, port, fn, args, results, ranks_p
 
 
 def run_ranks(fn, world: int, device_type: str = "cpu", timeout_s: float = 300.0, args: tuple = (),
-              ranks_per_gpu: int = 1) -> list:
+              ranks_per_gpu: int = 1, pg_timeout_s: float | None = None, watch=None) -> list:
     """fn(ctx, *args) on `world` ranks; returns every rank's result, in rank order (rank 0's
-    process only when joined to torchrun/Slurm: other ranks get [])."""
+    process only when joined to torchrun/Slurm: other ranks get []). pg_timeout_s: the process group's own
+    timeout (default timeout_s). watch: a fault.Watch that collects the ranks of an injected run instead (its
+    `left`: the ranks still alive once they were ended)."""
     joined = joined_env()
     if joined is not None:
-        return _run_joined(fn, joined, device_type, timeout_s, args, ranks_per_gpu)
+        return _run_joined(fn, joined, device_type, timeout_s, args, ranks_per_gpu, pg_timeout_s)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     crash_dir = tempfile.mkdtemp(prefix="moebench-crash-")
     procs = [ctx.Process(target=_child, args=(r, world, device_type, timeout_s, port, fn, args, results, ranks_per_gpu,
-                                                  os.getpid(), crash_dir),
+                                                  os.getpid(), crash_dir, pg_timeout_s),
                          daemon=True) for r in range(world)]
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)   # inherited by the ranks (see quiet_stop_signals)
     try:
@@ -211,15 +230,18 @@ def run_ranks(fn, world: int, device_type: str = "cpu", timeout_s: float = 300.0
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     try:
-        return _collect(procs, results, world, timeout_s, crash_dir)
+        return (watch.collect if watch else _collect)(procs, results, world, timeout_s, crash_dir)
     finally:
-        _end(procs)
+        left = _end(procs, reap_s=watch.reap_s if watch else 5.0)
+        if watch:
+            watch.left = left
         _replay_crash_dumps(crash_dir)
 
 
-def _end(procs, grace_s: float = 2.0) -> None:
+def _end(procs, grace_s: float = 2.0, reap_s: float = 5.0) -> list[int]:
     """Every rank still alive gets SIGTERM at once (a rank ended first would let the others print their
-    lost connections), then SIGKILL after a grace period; all are reaped."""
+    lost connections), then SIGKILL after a grace period; all are reaped, each waited for up to reap_s after its
+    SIGKILL. Returns the ranks still alive then (a process the kernel cannot end: stuck in a driver)."""
     alive = [p for p in procs if p.is_alive()]
     for p in alive:
         p.terminate()
@@ -229,7 +251,8 @@ def _end(procs, grace_s: float = 2.0) -> None:
     for p in procs:
         if p.is_alive():
             p.kill()
-        p.join(timeout=5)
+        p.join(timeout=reap_s)
+    return [r for r, p in enumerate(procs) if p.is_alive()]
 
 
 def native_log(crash_dir: str, rank: int) -> str:
@@ -240,7 +263,7 @@ def native_log(crash_dir: str, rank: int) -> str:
 def _replay_crash_dumps(crash_dir: str) -> None:
     """Each crashed rank's faulthandler dump (and native output a crash cut off) to stderr, one rank after another
     (never interleaved)."""
-    for name in sorted(os.listdir(crash_dir)):
+    for name in sorted(set(os.listdir(crash_dir)) - {FAULT_MARK}):
         with open(os.path.join(crash_dir, name), errors="replace") as f:
             dump = f.read()
         if dump.strip():
@@ -275,16 +298,22 @@ def _collect(procs, results, world: int, timeout_s: float, crash_dir: str | None
             raise LaunchError(f"ranks {missing} did not finish within {timeout_s:.0f} s (timeout)", crash="hang")
     if len(got) == world:
         return [got[r] for r in range(world)]
-    dead = [(r, p.exitcode, _signal_name(p.exitcode)) for r, p in enumerate(procs)
+    raise failure(procs, got, errors, crash_dir)
+
+
+def failure(procs, got: dict, errors: dict, crash_dir: str | None) -> LaunchError:
+    """The error of a launch whose ranks did not all report: a rank killed by a signal before the ranks that lost
+    it, with its native libraries' last lines, then every rank's error."""
+    dead = [(r, p.exitcode, signal_name(p.exitcode)) for r, p in enumerate(procs)
             if r not in got and r not in errors and p.exitcode not in (None, 0)]
     crashed = [f"rank {r} died with exit code {code} ({how}) before reporting" + (OOM_HINT if how == "SIGKILL" else "")
                + (tail_of(native_log(crash_dir, r)) if crash_dir else "") for r, code, how in dead]
     failed = [f"rank {r} failed: {e}" for r, e in sorted(errors.items())]
-    raise LaunchError("; ".join(crashed + failed) or "ranks stopped without reporting",
-                      crash=next((how for _, _, how in dead if how.startswith("SIG")), None))
+    return LaunchError("; ".join(crashed + failed) or "ranks stopped without reporting",
+                       crash=next((how for _, _, how in dead if how.startswith("SIG")), None))
 
 
-def _signal_name(code: int) -> str:
+def signal_name(code: int) -> str:
     if code is not None and code < 0:
         import signal
         try:
@@ -294,13 +323,13 @@ def _signal_name(code: int) -> str:
     return "error exit"
 
 
-def _run_joined(fn, joined, device_type, timeout_s, args, ranks_per_gpu=1) -> list:
+def _run_joined(fn, joined, device_type, timeout_s, args, ranks_per_gpu=1, pg_timeout_s=None) -> list:
     rank, world, local_rank = joined
     try:
         store = join.group_store(rank, world, timeout_s)
     except join.JoinError as e:
         raise LaunchError(str(e), crash="hang") from None
-    ctx = _init(rank, world, local_rank, device_type, timeout_s, ranks_per_gpu, store)
+    ctx = _init(rank, world, local_rank, device_type, timeout_s, ranks_per_gpu, store, pg_timeout_s)
     try:
         out = fn(ctx, *args)
         gathered = [None] * world if rank == 0 else None

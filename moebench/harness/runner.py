@@ -20,8 +20,8 @@ from ..core.workload import WorkloadError, make_routing, rank_inputs
 from ..records import dispatch as records, provenance
 from ..records.schema import PHASES
 from ..records.shapes import Repeat
-from . import memory, oracle, overlap, preflight, views
-from .launch import LaunchError, RankContext, environment, run_ranks
+from . import fault, memory, oracle, overlap, preflight, setupcost, views
+from .launch import LaunchError, RankContext, environment, run_ranks, set_pg_timeout
 from .soak import run_soak
 from .spec import RunSpec
 from .stage import WAIVED, CheckFailed, make_backend, make_case, stage
@@ -45,47 +45,40 @@ class RankResult:
     crash: str | None = None                        # the signal that killed a rank, or "hang"
     memory: list = field(default_factory=list)      # every rank's memory figures (harness/memory.py)
     inputs_sha256: dict | None = None               # {routing, payload}: core/digest.py over every rank's inputs
+    setup: list = field(default_factory=list)       # every rank's setup cost (harness/setupcost.py)
+    fault: object = None                            # --inject: what was seen (records/shapes.Fault)
 
 
 def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
               rank_pairs: list[int] | None = None) -> RankResult:
-    """Runs on every rank: set up, check against the oracle, time every view (harness/views).
-    rank_pairs: received (token, rank) pairs per rank (the byte rule's count); the backend's own byte count of
-    the checked dispatch must equal them times the bytes per row of its own rule (Backend.native_rule)."""
+    """Runs on every rank: set up, check against the oracle, time every view (harness/views), each part's setup
+    cost (harness/setupcost.py). rank_pairs: received (token, rank) pairs per rank (the byte rule's count); the
+    backend's own byte count of the checked dispatch must equal them times the bytes per row of its own rule."""
     out = RankResult(version=base.get(name).version())
     dev, w = ctx.device, spec.workload
     x, idx, wt, q, s = rank_inputs(w, ctx.rank, dev)
-    payload = q if q is not None else x
-    out.inputs_sha256 = digest.combine(memory.gather(digest.inputs(idx, wt, payload, s), ctx.group))
+    inputs = (q if q is not None else x, idx, wt, s)
+    out.inputs_sha256 = digest.combine(memory.gather(digest.inputs(idx, wt, inputs[0], s), ctx.group))
     meter = memory.Meter(dev)
     meter.before()
-    b, err = make_backend(spec, name, ctx)
+    clock = {"rank": ctx.rank, "group_ms": round(ctx.group_ms, 3) if ctx.group_ms is not None else None}
+    b, err = make_backend(spec, name, ctx, clock)
     meter.after_setup()
-    checked = {}
-
-    def check():
-        msg, checked["d"], checked["y"] = oracle.check(b, w, ctx.rank, payload, idx, wt, s, dev)
-        if msg:
-            raise CheckFailed(msg)
-        native = b.native_bytes(checked["d"])
-        if native is not None and rank_pairs is not None:
-            row_bytes, rule = b.native_rule(w)
-            want = rank_pairs[ctx.rank] * row_bytes
-            out.native_bytes = {"backend": native, "expected": want, "rule": rule}
-            if native != want:
-                raise CheckFailed(f"byte rule: rank {ctx.rank} received {native} bytes by {name}'s own count of its "
-                                  f"outputs, {want} by {rule} ({rank_pairs[ctx.rank]} rows x {row_bytes} bytes)")
-
-    err = err or stage(check, ctx.group)
+    first, checked = setupcost.FirstCalls(b, dev), {}
+    err = err or stage(lambda: _check(first, spec, name, ctx, inputs, rank_pairs, out, checked), ctx.group)
     out.bypassed = list(b.bypassed) if b else []
     if b is not None and not err:
         out.knobs = b.knobs()
     if err:
         _teardown(b)
+        out.setup = setupcost.gather(clock, first, ctx.group)
         out.status, out.error = ("WAIVED", err.removeprefix(WAIVED)) if err.startswith(WAIVED) else ("FAIL", err)
         return out
     timer = Timer.for_run(spec, dev, ctx.group)
-    case = make_case(b, timer, ctx, spec, (payload, idx, wt, s), checked["d"], checked["y"])
+    case = make_case(b, timer, ctx, spec, inputs, checked["d"], checked["y"])
+    case.fault = fault.injector(spec.fault_plan, ctx.rank)
+    if spec.inject:         # the stack's own timeout from the timed calls on (setup and JIT compiles keep --timeout's)
+        set_pg_timeout(spec.pg_timeout, ctx.group)
     meter.timed()
     out.views = views.run_all(case, spec.views, after_api=meter.api_done)
     out.memory = memory.gather(meter.result(ctx.rank), ctx.group)
@@ -95,10 +88,35 @@ def rank_main(ctx: RankContext, spec: RunSpec, name: str, measure: bool,
     if measure:
         bytes_per_rank = w.num_tokens * w.topk * w.bytes_per_token
         out.a2a = measure_alltoall(timer, ctx.group, dev, bytes_per_rank, spec.iters)
-    b.teardown()
     bad = views.failure(out.views)
-    out.status, out.error, out.knobs = ("FAIL" if bad else "PASS"), bad, b.knobs()
+    if spec.recreate:
+        b, churn, bad_again = setupcost.recreate(spec, name, ctx, b, inputs)
+        clock.update(churn)
+        bad = bad or bad_again
+    out.setup = setupcost.gather(clock, first, ctx.group)
+    if b is not None:
+        b.teardown()
+        out.knobs = b.knobs()
+    out.status, out.error = ("FAIL" if bad else "PASS"), bad
     return out
+
+
+def _check(b, spec: RunSpec, name: str, ctx: RankContext, inputs: tuple, rank_pairs, out: RankResult,
+           checked: dict) -> None:
+    """The first dispatch and combine through the oracle (b: the backend, its first calls timed), and the backend's
+    own byte count of the dispatch against the byte rule's (Backend.native_rule); CheckFailed with why."""
+    w = spec.workload
+    msg, checked["d"], checked["y"] = oracle.check(b, w, ctx.rank, *inputs, ctx.device)
+    if msg:
+        raise CheckFailed(msg)
+    native = b.native_bytes(checked["d"])
+    if native is not None and rank_pairs is not None:
+        row_bytes, rule = b.native_rule(w)
+        want = rank_pairs[ctx.rank] * row_bytes
+        out.native_bytes = {"backend": native, "expected": want, "rule": rule}
+        if native != want:
+            raise CheckFailed(f"byte rule: rank {ctx.rank} received {native} bytes by {name}'s own count of its "
+                              f"outputs, {want} by {rule} ({rank_pairs[ctx.rank]} rows x {row_bytes} bytes)")
 
 
 def _overlap(case: views.Case, ctx) -> dict:
@@ -121,14 +139,19 @@ def _teardown(b) -> None:
 
 
 def run_backend(spec: RunSpec, name: str, measure: bool, rank_pairs: list[int] | None = None) -> RankResult | None:
-    """Launch the ranks for one backend; a crash or timeout becomes a FAIL result. None on the other ranks of
-    a torchrun/srun job (rank 0 reports)."""
+    """Launch the ranks for one backend; a crash or timeout becomes a FAIL result, and so does an injected fault,
+    saying what was seen (harness/fault.py). None on the other ranks of a torchrun/srun job (rank 0 reports)."""
+    watch = fault.Watch(spec.fault_plan, spec.watchdog) if spec.inject else None
     try:
         outs = run_ranks(rank_main, spec.workload.ep, spec.device, spec.timeout_s,
-                         args=(spec, name, measure, rank_pairs), ranks_per_gpu=spec.ranks_per_gpu)
+                         args=(spec, name, measure, rank_pairs), ranks_per_gpu=spec.ranks_per_gpu,
+                         pg_timeout_s=None if spec.inject else spec.pg_timeout, watch=watch)
+        res = outs[0] if outs else None
     except LaunchError as e:
-        return RankResult("FAIL", str(e).splitlines()[0][:1500], crash=e.crash)
-    return outs[0] if outs else None
+        res = RankResult("FAIL", str(e).splitlines()[0][:1500], crash=e.crash)
+    if watch is not None and res is not None:
+        fault.judge(watch, res)
+    return res
 
 
 def run_case(spec: RunSpec, argv: list[str] | None = None, progress=print, sink=None) -> list[dict]:

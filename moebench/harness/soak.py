@@ -123,8 +123,9 @@ def _progress(path: str | None, state: dict) -> None:
 
 def soak_main(ctx: RankContext, spec, name: str, progress_dir: str | None) -> dict:
     """Every rank: the backend set up and checked once, then `spec.soak` calls on fresh inputs, then the
-    graph's replays, all within --soak-seconds when given. Returns this rank's counts: {done, bad: [...], rows,
-    tokens, graph, budget (the call the budget stopped it at, or absent), stage_s, knobs, bypassed}."""
+    graph's replays, all within --soak-seconds when given, the backend rebuilt every --soak-recreate calls. Returns
+    this rank's counts: {done, bad: [...], rows, tokens, graph, budget (the call the budget stopped it at, or absent),
+    stage_s, rebuild_ms, knobs, bypassed}."""
     dev, w = ctx.device, spec.workload
     path = os.path.join(progress_dir, f"rank{ctx.rank}.json") if progress_dir else None
     state = {"rank": ctx.rank, "done": 0, "bad": [], "bad_calls": [], "rows": 0, "tokens": 0, "stage_s": {}}
@@ -139,6 +140,10 @@ def soak_main(ctx: RankContext, spec, name: str, progress_dir: str | None) -> di
         if out_of_time(deadline, ctx.group):
             state["budget"] = {"calls": i, "seconds": spec.soak_seconds}
             break
+        if spec.soak_recreate and i and i % spec.soak_recreate == 0:
+            b, err = _rebuild(b, spec, name, ctx, state)
+            if err:
+                return {**state, "error": f"rebuilt before call {i} (--soak-recreate): {err}"}
         wrong = one_call(b, w.replace(seed=(w.seed + SEED_STRIDE * (i + 1)) % (2**63)), ctx.rank, dev, where,
                          state["stage_s"])
         state["done"] = i + 1
@@ -153,6 +158,18 @@ def soak_main(ctx: RankContext, spec, name: str, progress_dir: str | None) -> di
     state["knobs"] = b.knobs()                # what the calls resolved (the SMs a library picked)
     b.teardown()
     return state
+
+
+def _rebuild(b, spec, name: str, ctx: RankContext, state: dict):
+    """The backend destroyed and built again (--soak-recreate; DeepEP V2's pressure test rebuilds its buffer per
+    seed), this rank's ms in state["rebuild_ms"]: (the new backend, '') or (None, the error every rank agrees on)."""
+    t0 = time.perf_counter()
+    b.teardown()
+    b, err = make_backend(spec, name, ctx)
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    state.setdefault("rebuild_ms", []).append(round((time.perf_counter() - t0) * 1e3, 3))
+    return (None, err) if err else (b, "")
 
 
 def _graph(b, timer, ctx, spec, where, out_of_time_now) -> dict | None:
@@ -176,7 +193,7 @@ def run_soak(spec, name: str) -> tuple[list[dict], str | None, str | None]:
     try:
         with environment(spec.env):
             ranks = run_ranks(soak_main, spec.workload.ep, spec.device, spec.timeout_s, args=(spec, name, progress),
-                              ranks_per_gpu=spec.ranks_per_gpu)
+                              ranks_per_gpu=spec.ranks_per_gpu, pg_timeout_s=spec.pg_timeout)
         return ranks, None, None
     except LaunchError as e:
         ranks, crash = _read_progress(progress), e.crash

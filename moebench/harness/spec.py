@@ -23,7 +23,7 @@ from ..cli import (MAX_CALLS, MAX_ITERS, MAX_WAIT_S, Parser, add_settings, comma
 from ..core.workload import DTYPES, Workload, WorkloadError
 from ..env.limits import open_files_problem
 from ..records.shapes import TAIL_ITERS
-from . import overlap, preflight
+from . import fault, overlap, preflight
 from .launch import joined_env
 from .placement import Placement, place
 from .views import REGISTRY, VIEWS
@@ -136,6 +136,22 @@ class RunSpec:
     timeout_s: float = setting(600.0, "--timeout", type=seconds, default=600.0,
                                help="seconds per backend launch", read=lambda a, c: a.timeout,
                                write=lambda v: ["--timeout", v])
+    pg_timeout_s: float | None = setting(None, "--pg-timeout", type=seconds, metavar="S",
+                                         help="the process group's own timeout (gloo's wait, NCCL's watchdog; default "
+                                              "--timeout; with --inject half of --watchdog, so that it can fire "
+                                              "first, from the timed calls on)")
+    inject: str | None = setting(None, "--inject", type=fault.parse_inject, metavar="kill:RANK@CALL|stall:RANK@CALL:S",
+                                 help="fault acceptance: rank RANK is killed (SIGKILL) or stalls S seconds at its "
+                                      "CALL-th timed dispatch call; the record says what the other ranks saw and how "
+                                      "soon (the stack's own error, moebench's watchdog, a hang); the case FAILs "
+                                      "(harness/fault.py)")
+    watchdog_s: float | None = setting(None, "--watchdog", type=seconds, metavar="S",
+                                       help="with --inject: moebench's watchdog, the seconds the other ranks have "
+                                            "after the fault to end on their own before moebench ends them (default "
+                                            "--timeout)")
+    recreate: bool = setting(False, "--recreate", action="store_true",
+                             help="after the timed calls, destroy the backend and build it again, timed (the churn "
+                                  "sglang#24443 paid), then one call on it checked: the record's setup")
     knobs: dict = setting({}, "--ops-impl", default="auto", choices=base.OPS_IMPL.choices,
                           help="permute/unpermute implementation of the alltoall path", read=_read_knobs,
                           write=_write_knobs,
@@ -180,6 +196,9 @@ class RunSpec:
                                 "order rotated by one every repeat; report --compare and megatron flags then judge "
                                 "over the repeats' medians, paired by repeat (AWS's fair EP comparison; a soak runs "
                                 "in the first repeat only)")
+    soak_recreate: int = setting(0, "--soak-recreate", type=count(0, MAX_CALLS), metavar="N",
+                                 help="with --soak: destroy and build the backend again every N soaked calls, timed "
+                                      "(DeepEP V2's pressure test rebuilds per seed); the soak's record counts them")
     measure_ceiling: bool = True     # also time a plain all_to_all_single for frac_of_measured (NCCL runs)
     note: str = field(default="", compare=False)  # what placing the ranks wants said (CPU fallback, shared GPUs)
 
@@ -191,6 +210,20 @@ class RunSpec:
     def functional(self) -> bool:
         """True when the times are not performance figures (CPU/gloo, or ranks sharing a GPU)."""
         return self.placement.functional
+
+    @property
+    def fault_plan(self) -> fault.Plan | None:
+        return fault.Plan.parse(self.inject) if self.inject else None
+
+    @property
+    def watchdog(self) -> float:
+        """moebench's watchdog after an injected fault: --watchdog, else --timeout."""
+        return self.watchdog_s or self.timeout_s
+
+    @property
+    def pg_timeout(self) -> float:
+        """The process group's own timeout: --pg-timeout, else --timeout (with --inject half of the watchdog)."""
+        return self.pg_timeout_s or (self.watchdog / 2 if self.inject else self.timeout_s)
 
     @property
     def backend_knobs(self) -> dict:
@@ -235,6 +268,14 @@ class RunSpec:
         (preflight.py's estimates)."""
         if self.soak_seconds and not self.soak:
             raise WorkloadError("--soak-seconds is the budget of a soak: give --soak N too")
+        if self.soak_recreate and not self.soak:
+            raise WorkloadError("--soak-recreate rebuilds the backend during a soak: give --soak N too")
+        if self.watchdog_s and not self.inject:
+            raise WorkloadError("--watchdog is the watchdog of an injected fault: give --inject too")
+        if self.inject and (bad := self.fault_plan.problem(self.workload.ep, self.iters) or (
+                joined_env() and f"--inject {self.inject}: runs the ranks moebench starts, not under torchrun/srun "
+                                 "(no process outside the job would watch them)")):
+            raise WorkloadError(bad)
         too_big = preflight.workload_problem(self) or open_files_problem(self.workload.ep)
         if too_big:
             raise WorkloadError(too_big)

@@ -3,6 +3,7 @@ no rank goes on into a collective another will never join; the backend built and
 Case the timing views (and the soak's graph replays) take once it has passed its check."""
 from __future__ import annotations
 
+import time
 import traceback
 
 import torch
@@ -36,16 +37,22 @@ def stage(fn, group) -> str:
     return agree_error(err, group)
 
 
-def make_backend(spec, name: str, ctx: RankContext):
+def make_backend(spec, name: str, ctx: RankContext, clock: dict | None = None):
     """(the backend built, validated and set up on this rank, '') or (None or the backend, the error every rank
-    agrees on: `WAIVED: why` when it cannot serve this run)."""
+    agrees on: `WAIVED: why` when it cannot serve this run). clock: gets `build_ms`, this rank's time to build it
+    (the device synchronized; the ranks' agreement after it left out: harness/setupcost.py)."""
     b = None
 
     def prepare():
         nonlocal b
+        t0 = time.perf_counter()
         b = base.get(name)(knob_values=spec.backend_knobs, ranks_per_gpu=ctx.ranks_per_gpu)
         b.validate(spec.workload, ctx.world)
         b.setup(ctx.group, spec.workload, ctx.device)
+        if clock is not None:
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize(ctx.device)
+            clock["build_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
     err = stage(prepare, ctx.group)
     return b, err
 

@@ -138,10 +138,12 @@ class Timer:
         torch.cuda.synchronize(self.device)
         return [s.elapsed_time(e) * 1e-3 for s, e in ev]
 
-    def run(self, fn, iters: int, warmup_ms: float, queued: bool = False) -> Timing:
+    def run(self, fn, iters: int, warmup_ms: float, queued: bool = False, timed=None) -> Timing:
         """Warm up, then time `iters` calls: one at a time behind a barrier (the default: what a rank
-        of a collective pays), or queued (`queued`: local kernels)."""
+        of a collective pays), or queued (`queued`: local kernels). timed: what the timed calls call instead of fn
+        (an injected fault's wrapper, harness/fault.py)."""
         self.warmup(fn, warmup_ms)
+        fn = timed or fn
         times = self.queued(fn, iters) if queued else [self.once(fn) for _ in range(iters)]
         ranks = self.across(times)
         st = Timing.of([max(col) for col in zip(*ranks)], self.timer_name, ranks)

@@ -6,10 +6,11 @@ from ..core import ceilings, traffic
 from ..env.transport import node_net_ceiling
 from . import provenance
 from .schema import DispatchRecord
-from .shapes import Check, Memory, SharedGpu, Soak, Traffic, binomial_upper
+from .shapes import Check, Memory, Setup, SharedGpu, Soak, Traffic, binomial_upper
 
 PAYLOAD_OF = {"dispatch": "dispatch", "combine": "combine"}  # phase -> bytes it moves
 BUDGET = "BUDGET"            # a soak its time budget ended with no call corrupted (dispatch exits 3)
+SETUP_SHARED = "ranks share GPUs: each rank's setup competes with the others' for the GPU (functional figures)"
 SHARED_NOTE = ("EP ranks are processes sharing GPUs (gloo group, CUDA IPC on one device); their kernels "
                "time-slice, so times are functional only, never performance figures")
 
@@ -46,6 +47,8 @@ def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start
     phases = res.phases or {"dispatch": None, "combine": None}
     shared = SharedGpu(spec.ranks_per_gpu, res.bypassed or [], SHARED_NOTE) if spec.ranks_per_gpu > 1 else None
     mem = Memory.of(res.memory, shared is not None)
+    setup = Setup.of(res.setup, SETUP_SHARED if shared else None)
+    fault = res.fault.asdict() if res.fault is not None else None
     recs = []
     for phase, timing in phases.items():
         check = Check(res.status, res.error or None, res.crash,
@@ -57,8 +60,8 @@ def build(spec, name: str, dedup: bool, res, t, measured, argv: list[str], start
             kernels=res.kernels.get(phase), views=res.views.get(phase), overlap=res.overlap.get(phase),
             check=check.asdict(), env=prov, start_utc=start, end_utc=provenance.utc_now(),
             functional=spec.functional, shared_gpu=shared.asdict() if shared else None,
-            memory=mem.asdict() if mem else None, repeat=repeat,
-            **{f"{k}_sha256": v for k, v in (res.inputs_sha256 or {}).items()}).asdict())
+            memory=mem.asdict() if mem else None, setup=setup.asdict() if setup else None, fault=fault,
+            repeat=repeat, **{f"{k}_sha256": v for k, v in (res.inputs_sha256 or {}).items()}).asdict())
     return recs
 
 
@@ -77,9 +80,11 @@ def refused(spec, name: str, why: str, argv: list[str], sweep: dict | None = Non
         for phase in PAYLOAD_OF]
 
 
-def soak_of(asked: int, ranks: list[dict], error: str | None, crash: str | None, budget_s: float = 0.0) -> Soak:
+def soak_of(asked: int, ranks: list[dict], error: str | None, crash: str | None, budget_s: float = 0.0,
+            every: int = 0) -> Soak:
     """One Soak from every rank's counts (harness/soak.py): a call is corrupted when any rank saw it wrong. A soak
-    its time ended (--soak-seconds, or --timeout while its calls still advanced) has `budget`, not `stopped`."""
+    its time ended (--soak-seconds, or --timeout while its calls still advanced) has `budget`, not `stopped`.
+    every: --soak-recreate (the backend rebuilt every `every` calls)."""
     done = min((r.get("done", 0) for r in ranks), default=0)
     bad_ids = sorted({i for r in ranks for i in r.get("bad_calls", [])})
     k = len(bad_ids)
@@ -103,7 +108,17 @@ def soak_of(asked: int, ranks: list[dict], error: str | None, crash: str | None,
                 corrupted_tokens=sum(r.get("tokens", 0) for r in ranks), first_bad_call=bad_ids[0] if k else None,
                 bad=bad[:20], upper_95=binomial_upper(k, done), summary=summary, graph=graph, stopped=stopped,
                 budget=budget, stage_ms=_stage_ms(ranks, done), checked_on=next(
-                    (r["checked_on"] for r in ranks if r.get("checked_on")), None))
+                    (r["checked_on"] for r in ranks if r.get("checked_on")), None), rebuilt=_rebuilt(ranks, every))
+
+
+def _rebuilt(ranks: list[dict], every: int) -> dict | None:
+    """--soak-recreate's rebuilds: how many, and their ms (each the slowest rank's)."""
+    per = [r.get("rebuild_ms") or [] for r in ranks]
+    n = min(map(len, per), default=0)
+    if not every:
+        return None
+    ms = sorted(max(p[i] for p in per) for i in range(n))
+    return {"every": every, "count": n, "median_ms": ms[len(ms) // 2] if ms else None, "max_ms": ms[-1] if ms else None}
 
 
 def _stage_ms(ranks: list[dict], done: int) -> dict | None:
@@ -142,7 +157,7 @@ def soak_verdict(s: Soak) -> tuple[str, str]:
 def build_soak(spec, name: str, dedup: bool, ranks: list[dict], error, crash, argv: list[str],
                start: str) -> list[dict]:
     """The soak's record (phase "soak"): its counts, PASS or FAIL with the calls and rows named."""
-    s = soak_of(spec.soak, ranks, error, crash, spec.soak_seconds)
+    s = soak_of(spec.soak, ranks, error, crash, spec.soak_seconds, spec.soak_recreate)
     status, why = soak_verdict(s)
     first = next((r for r in ranks if r.get("knobs") is not None), {})       # rank 0's where it got that far
     shared = SharedGpu(spec.ranks_per_gpu, first.get("bypassed") or [], SHARED_NOTE) if spec.ranks_per_gpu > 1 else None

@@ -48,12 +48,14 @@ class DispatchRecord:
     routing_sha256: str | None = None  # core/digest.py: every rank's top-k ids and weights as the backend got them
     payload_sha256: str | None = None  # ... and its tokens (and fp8 scales)
     repeat: dict | None = None       # --repeats N: shapes.Repeat (which run of the case, the backend order)
+    setup: dict | None = None        # shapes.Setup: group, build, first call (and --recreate) ms per rank and max
+    fault: dict | None = None        # --inject: shapes.Fault, what the other ranks saw and the verdict
     byte_rule: str = BYTE_RULE
     schema: str = field(default=SCHEMA, init=False)
 
     def asdict(self) -> dict:
         return _compact(asdict(self), ("kernels", "sweep", "views", "overlap", "soak", "memory", "routing_sha256",
-                                       "payload_sha256", "repeat"))
+                                       "payload_sha256", "repeat", "setup", "fault"))
 
 
 @dataclass
@@ -163,6 +165,11 @@ def view_us(r: dict, view: str) -> float | None:
 def footprint_bytes(r: dict) -> int | None:
     """The backend's footprint at this shape, the largest over ranks (shapes.Memory); None where not measured."""
     return ((r.get("memory") or {}).get("max") or {}).get("footprint_bytes")
+
+
+def setup_ms(r: dict) -> float | None:
+    """The backend's build + first call, the slowest rank's (shapes.Setup); None where not measured (older records)."""
+    return (r.get("setup") or {}).get("setup_ms")
 
 
 def largest_footprint(recs) -> int | None:

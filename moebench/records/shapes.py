@@ -267,9 +267,10 @@ class Soak:
     budget: dict | None = None               # {by: --soak-seconds | --timeout, calls}: its time ran out first
     stage_ms: dict | None = None             # ms per checked call by stage, the slowest rank's (harness/soak.py)
     checked_on: str | None = None            # cpu | cuda: where the oracle ran (the host when ranks share a GPU)
+    rebuilt: dict | None = None              # --soak-recreate: {every, count, median_ms, max_ms} (slowest rank each)
 
     def asdict(self) -> dict:
-        return _compact(self, ("graph", "stopped", "budget", "stage_ms", "checked_on"))
+        return _compact(self, ("graph", "stopped", "budget", "stage_ms", "checked_on", "rebuilt"))
 
 
 MEMORY_KEYS = ("buffers_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "footprint_bytes")
@@ -304,3 +305,53 @@ class Memory:
 
     def asdict(self) -> dict:
         return _compact(self, ("max", "source", "none", "note"))
+
+
+@dataclass
+class Fault:
+    """An injected fault (--inject, harness/fault.py): what was done to which rank, what every rank then did
+    (`ranks`: rank, pid, ended: error | signal | done | watchdog | killed | stalled..., after_s since the fault, seen:
+    the first line of its error), the verdict (detects in X s | watchdog only | rides out in X s | hangs | not
+    injected) and its seconds (the last survivor's end, or the watchdog's firing)."""
+    injected: str                            # kill:RANK@CALL | stall:RANK@CALL:SECONDS
+    what: str
+    verdict: str
+    after_s: float | None
+    ranks: list[dict]
+    watchdog_s: float | None = None          # moebench's watchdog: --timeout after the fault
+    left: list[int] = field(default_factory=list)   # ranks still alive after moebench's SIGKILL (hangs)
+    note: str | None = None
+
+    def asdict(self) -> dict:
+        return _compact(self, ("watchdog_s", "note"))
+
+
+SETUP_KEYS = ("group_ms", "build_ms", "first_call_ms", "destroy_ms", "recreate_ms", "recreate_first_call_ms")
+
+
+@dataclass
+class Setup:
+    """What a backend costs before its first useful call, per rank, in ms (harness/setupcost.py says how each is
+    taken): `group_ms` init_process_group (it waits for the last rank to join), `build_ms` the backend's
+    construction and setup (buffers, handles, their IPC exchange, an NCCL EP group), `first_call_ms` the first
+    dispatch + combine (JIT compiles, lazy allocations and registrations; `first_dispatch_ms`, `first_combine_ms`),
+    and with --recreate `destroy_ms` (teardown), `recreate_ms` (construction + setup again) and
+    `recreate_first_call_ms`. `max`: each the largest over ranks; `setup_ms`: the largest build + first call, the
+    table's `setup ms`."""
+    per_rank: list[dict]
+    max: dict
+    setup_ms: float | None
+    note: str | None = None
+
+    @classmethod
+    def of(cls, per_rank: list[dict], note: str | None = None) -> Setup | None:
+        if not per_rank:
+            return None
+        top = {k: max(r[k] for r in per_rank if r.get(k) is not None) for k in SETUP_KEYS
+               if any(r.get(k) is not None for r in per_rank)}
+        both = [r["build_ms"] + r["first_call_ms"] for r in per_rank
+                if r.get("build_ms") is not None and r.get("first_call_ms") is not None]
+        return cls(per_rank, top, round(max(both), 3) if both else None, note)
+
+    def asdict(self) -> dict:
+        return _compact(self, ("note",))

@@ -48,17 +48,18 @@ def shorten(text: str, width: int) -> str:
 
 
 DEFAULT_VIEWS = ("api", "graph")    # the view columns a table shows without --wide
-LEGEND = ("# us: median, slowest rank; lib: its library's kernels; algbw/busbw: all/remote (token, rank) pairs x bytes / "
-          "api us; frac ceil: busbw/link; README.md")
+LEGEND = ("# us: median, slowest rank; lib: library kernels; algbw/busbw: (token, rank) pairs x B / us, all/remote; "
+          "frac ceil: busbw/link; setup: build+1st call; README.md")
 
 
 def columns(views: tuple[str, ...], wide: bool, overlap: bool) -> list[str]:
-    """The dispatch table's header: api first, then the other views, api - graph where graph is shown."""
-    head = ["backend", "phase", "SMs", "api us", "lib us", "p90 us", *(["p99 us"] if wide else []),
+    """The dispatch table's header: api and its library share first, then (wide) its tails, the other views, (wide)
+    api - graph where graph is shown."""
+    head = ["backend", "phase", "SMs", "api us", "lib us", *(["p90 us", "p99 us"] if wide else []),
             *(f"{v} us" for v in views if v != "api")]
-    if "graph" in views:
+    if "graph" in views and wide:               # api us - graph us, both shown: --wide (setup ms keeps 160 columns)
         head.append("api-graph us")
-    head += ["algbw GB/s", "busbw GB/s", *(["wirebw GB/s"] if wide else []), "frac ceil", "mem GiB"]
+    head += ["algbw GB/s", "busbw GB/s", *(["wirebw GB/s"] if wide else []), "frac ceil", "mem GiB", "setup ms"]
     return head + (["exposed us", "GEMM alone us", "GEMM slowdown"] if overlap else []) + ["check"]
 
 
@@ -74,12 +75,13 @@ def table_rows(records: list[dict], views: tuple[str, ...] = DEFAULT_VIEWS, wide
         if t and schema.is_functional(r):      # CPU/gloo or shared-GPU ranks: the times are no measurement
             check += " [functional]"
         row = [label(r), r["phase"], sig3(sms(r)), sig3(t.get("median_us")), sig3(t.get("library_us")),
-               sig3(t.get("p90_us")), *([sig3(t.get("p99_us"))] if wide else []),
+               *([sig3(t.get("p90_us")), sig3(t.get("p99_us"))] if wide else []),
                *(sig3(schema.view_us(r, v)) for v in views if v != "api")]
-        if "graph" in views:
+        if "graph" in views and wide:
             row.append(sig3(t.get("api_minus_graph_us")))
         row += [sig3(tr.get("algbw_GBps")), sig3(tr.get("busbw_GBps")),
-                *([sig3(tr.get("wirebw_GBps"))] if wide else []), sig3(tr.get("frac_of_ceiling")), gib(r)]
+                *([sig3(tr.get("wirebw_GBps"))] if wide else []), sig3(tr.get("frac_of_ceiling")), gib(r),
+                sig3(schema.setup_ms(r))]
         if overlap:
             o = r.get("overlap") or {}
             row += [sig3(o.get("exposed_us")), sig3(o.get("gemm_alone_us")), sig3(o.get("gemm_slowdown"))]
@@ -134,6 +136,8 @@ def soak_lines(records: list[dict]) -> list[str]:
         if s:
             g = s.get("graph") or {}
             graph = f"; graph replays: {g['corrupted']} of {g['replays']} wrong" if "replays" in g else ""
+            if (rb := s.get("rebuilt")) and rb.get("count"):
+                graph += f"; rebuilt {rb['count']} times, {sig3(rb['median_ms'])} ms median"
             err = f": {shorten(schema.error(r), 100)}" if schema.error(r) else ""
             out.append(f"# soak {label(r)}: {schema.status(r)} {s['summary']}{graph}{err}")
     return out

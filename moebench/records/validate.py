@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from .check import SCHEMA as CHECK_SCHEMA
 from .schema import PERMUTE_SCHEMA, SCHEMA
-from .shapes import MEMORY_KEYS
+from .shapes import MEMORY_KEYS, SETUP_KEYS
 
 WORKLOAD_KEYS = ("num_tokens", "hidden", "num_experts", "topk", "ep", "dtype", "routing", "seed", "gpus_per_node")
 TEXT_KEYS = ("dtype", "routing")
@@ -209,6 +209,30 @@ def _memory(m) -> Problem | None:
                  and (p := _count(top, k, "memory.max.", low=0))), None)
 
 
+def _setup(s) -> Problem | None:
+    """setup: {per_rank: [objects], max: {SETUP_KEYS: ms}, setup_ms} (shapes.Setup); records before it have none."""
+    if s is None:
+        return None
+    if not isinstance(s, dict):
+        return Problem(f"setup is {show(s)}, not an object")
+    if p := _typed(s, "per_rank", "setup.", list, "a list") or _typed(s, "max", "setup.", dict, "an object"):
+        return p
+    return (_figures(s.get("max") or {}, SETUP_KEYS, "setup.max.", zero_ok=True)
+            or _figures(s, ("setup_ms",), "setup.", zero_ok=True))
+
+
+def _fault(f) -> Problem | None:
+    """fault: {injected, verdict: strings, ranks: [objects], after_s} (shapes.Fault, --inject)."""
+    if f is None:
+        return None
+    if not isinstance(f, dict):
+        return Problem(f"fault is {show(f)}, not an object")
+    return (_typed(f, "injected", "fault.", str, "a fault", required=True)
+            or _typed(f, "verdict", "fault.", str, "a verdict", required=True)
+            or _typed(f, "ranks", "fault.", list, "a list")
+            or _figures(f, ("after_s",), "fault.", zero_ok=True))
+
+
 def _workload(r: dict, need) -> Problem | None:
     w = r.get("workload")
     if not isinstance(w, dict):
@@ -280,7 +304,8 @@ def _repeat(r: dict) -> Problem | None:
 def dispatch_problem(r: dict, need=WORKLOAD_KEYS) -> Problem | None:
     """The first problem of a moebench.dispatch record, or None. need: the workload keys the tool reads."""
     return (_workload(r, need) or _parts(r) or _repeat(r) or _timing(r.get("timing")) or _views(r.get("views"))
-            or _traffic(r.get("traffic")) or _overlap(r.get("overlap")) or _memory(r.get("memory")))
+            or _traffic(r.get("traffic")) or _overlap(r.get("overlap")) or _memory(r.get("memory"))
+            or _setup(r.get("setup")) or _fault(r.get("fault")))
 
 
 def row_problem(row, where: str = "") -> Problem | None:

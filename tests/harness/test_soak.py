@@ -42,6 +42,21 @@ def test_the_check_passes_a_flaky_combine_and_the_soak_fails_it():
     assert s.upper_95 > s.corrupted_calls / s.calls
 
 
+def rebuild_soak(ctx, spec):
+    base.REGISTRY["test-rebuild"] = "conftest:WrongAfterRebuild"
+    return soak_main(ctx, spec, "test-rebuild", None)
+
+
+def test_a_soak_that_rebuilds_its_backend_counts_the_rebuilds_and_finds_one_that_comes_back_wrong():
+    """--soak-recreate 2: the backend destroyed and built again before call 2; from there its combine is wrong."""
+    spec = RunSpec(W, ("test-rebuild",), iters=1, soak=4, soak_recreate=2, views=("api",))
+    outs = run_ranks(rebuild_soak, 2, "cpu", timeout_s=120, args=(spec,))
+    s = records.soak_of(4, outs, None, None, every=2)
+    assert (s.calls, s.corrupted_calls, s.first_bad_call) == (4, 2, 2), s
+    assert s.rebuilt["every"] == 2 and s.rebuilt["count"] == 1 and s.rebuilt["max_ms"] >= 0
+    assert records.soak_verdict(s)[0] == "FAIL"
+
+
 def test_rate_bound_when_nothing_failed():
     assert f"{100 * binomial_upper(0, 10000):.2g}" == "0.03"           # "0 of 10000: < 0.03% at 95%"
     assert binomial_upper(0, 2000) == pytest.approx(1 - 0.05 ** (1 / 2000), rel=1e-6)

@@ -24,12 +24,22 @@ def spec_of(argv):
      "--iters", "3", "--warmup-ms", "5", "--num-sms", "24", "--ops-impl", "torch", "--knob", "mode=plain",
      "--knob", "env:NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API=128", "--no-flush-l2", "--profile",
      "--ceiling-gbps", "450", "--timeout", "30", "--out", "x.jsonl", "--graph-calls", "2"],
+    ["--device", "cpu", "--ep", "2", "--num-experts", "8", "--topk", "2", "--inject", "stall:1@2:7.5", "--watchdog",
+     "20", "--pg-timeout", "4", "--recreate", "--soak", "6", "--soak-recreate", "3"],
 ])
 def test_to_argv_round_trip(argv):
     spec = spec_of(argv)
     again = spec_of(spec.to_argv())
     assert again == spec
     assert again.to_argv() == spec.to_argv()
+
+
+def test_the_process_groups_timeout_gives_an_injected_fault_room_before_the_watchdog():
+    base_argv = ["--device", "cpu", "--ep", "2", "--num-experts", "8", "--topk", "2", "--timeout", "40"]
+    assert spec_of(base_argv).pg_timeout == 40 and spec_of([*base_argv, "--pg-timeout", "3"]).pg_timeout == 3
+    injected = spec_of([*base_argv, "--inject", "kill:1@1"])
+    assert (injected.watchdog, injected.pg_timeout) == (40, 20)
+    assert spec_of([*base_argv, "--inject", "kill:1@1", "--watchdog", "10"]).pg_timeout == 5
 
 
 def test_from_args_resolves_cpu_defaults_and_knobs():

@@ -113,6 +113,9 @@ MALFORMED = [
     (changed("repeat", {"index": 0, "of": 0, "run": "r"}), "repeat.of is 0, not an integer from 1"),
     (changed("repeat", {"index": 3, "of": 3, "run": "r"}), "repeat.index 3 is not below repeat.of 3"),
     (changed("repeat", {"index": 0, "of": 3}), "repeat.run is missing"),
+    (changed("setup", 5), "setup is 5, not an object"),
+    (changed("setup", {"per_rank": {}}), "setup.per_rank is a JSON object, not a list"),
+    (changed("fault", {"injected": "kill:1@2"}), "fault.verdict is missing"),
 ]
 # impossible figures in records of the right shape: skipped by report tables, refused by the tools that judge
 IMPOSSIBLE = [
@@ -143,6 +146,7 @@ IMPOSSIBLE = [
                          "overlapped_us": 1.0, "overlapped_p10_us": 1.0, "overlapped_p90_us": 1.0,
                          "gemm_overlapped_us": 1.0, "gemm_slowdown": 1.0, "exposed_us": -0.5}),
      "overlap.gemm_alone_us is 0.0"),
+    (changed("setup", {"max": {"build_ms": -1.0}}), "setup.max.build_ms is -1.0"),
 ]
 
 

@@ -196,6 +196,32 @@ def test_sizes_past_memory_in_the_other_tools(capsys):
     refused(*tools(["moebench.plan", "--ep", "8", "--num-experts", HUGE]), "--num-experts must be at most 65536")
 
 
+# ---------------------------------------------------------------- faults (--inject)
+INJECT = [(["--inject", "kill:2@1"], ("--inject kill:2@1: rank 2 is past EP 2",)),
+          (["--inject", "kill:1@2"], ("call 2 is past --iters 1",)),
+          (["--inject", "kill:1"], ("--inject wants kill:RANK@CALL or stall:RANK@CALL:SECONDS",)),
+          (["--inject", "stall:1@1"], ("--inject wants",)),
+          (["--inject", "stall:1@1:0"], ("a stall lasts more than 0 s",)),
+          (["--watchdog", "5"], ("--watchdog", "give --inject too"))]
+
+
+@pytest.mark.parametrize("extra, words", INJECT, ids=[" ".join(e) for e, _ in INJECT])
+def test_a_fault_this_run_cannot_take_is_one_line_before_any_work(tmp_path, capsys, extra, words):
+    from moebench import dispatch
+    refused_here(dispatch.main([*TINY, "--backend", "alltoall", "--out", str(tmp_path / "r.jsonl"), *extra]), capsys,
+                 *words)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fault_under_torchrun_is_refused_no_process_outside_the_job_would_watch(tmp_path, capsys, monkeypatch):
+    from moebench import dispatch
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(k, v)
+    refused_here(dispatch.main([*TINY, "--backend", "alltoall", "--out", str(tmp_path / "r.jsonl"), "--inject",
+                                "kill:1@1"]), capsys, "not under torchrun/srun")
+
+
 # ---------------------------------------------------------------- interrupts
 def group_left(pgid: int) -> list[int]:
     """Processes of the group `pgid` still running (not zombies)."""
@@ -272,6 +298,7 @@ def test_nonsense_is_refused_naming_the_problem(tmp_path, capsys, monkeypatch):
              (lambda: dispatch.main([*d, "--iters", HUGE]), ("--iters must be at most 100000",)),
              (lambda: dispatch.main([*d, "--soak", HUGE]), ("--soak must be at most 1000000",)),
              (lambda: dispatch.main([*d, "--repeats", "0"]), ("--repeats must be >= 1, got 0",)),
+             (lambda: dispatch.main([*d, "--soak-recreate", "2"]), ("--soak-recreate", "give --soak N too")),
              (lambda: check.main(["-t", "baseline", "--results", str(fifo)]), ("--results needs --baseline",)),
              (lambda: check.main(["-t", "env", "--soak", HUGE]), ("--soak must be at most 1000000",)),
              (lambda: megatron.main(["validate", "--dispatcher", "alltoall", "--iters", HUGE]),

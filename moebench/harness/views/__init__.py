@@ -61,6 +61,7 @@ class Case:
     stats: dict = field(default_factory=dict)     # phase -> timing.Stats (api)
     rows: dict = field(default_factory=dict)      # phase -> the phase's kernel profile (api, CUDA or --profile)
     timing: dict = field(default_factory=dict)    # phase -> the record's timing dict (api, + figures across views)
+    fault: Callable | None = None                 # --inject: wrap(fn) of the timed dispatch calls (harness/fault.py)
 
 
 def _modules() -> dict:

@@ -17,7 +17,8 @@ AGG = "median over iterations of the per-iteration max over ranks, a barrier bef
 def run(case: Case) -> dict:
     timer, spec, out = case.timer, case.spec, {}
     for phase, fn in case.phases.items():
-        st = timer.run(fn, spec.iters, spec.warmup_ms)
+        injected = case.fault(fn) if case.fault and phase == "dispatch" else None   # --inject's fault, timed calls
+        st = timer.run(fn, spec.iters, spec.warmup_ms, timed=injected)
         case.stats[phase] = st
         case.timing[phase] = st.asdict()
         prof = profile(fn, timer, flushed=True) if (timer.cuda or spec.profile) else None   # the cache state timed
