@@ -23,14 +23,16 @@ declare -A ABOUT=(
   [tier]="the GPU tier: pytest -m gpu, the tests marked alone one at a time, then the rest side by side (-n \
 TIER_WORKERS: as many as the GPU's memory holds, at most half the cores), every backend expected"
   [fp8q]="alltoall EP 1 (T 4096 H 7168 E 256 K 8) through the oracle: fp8 with --ops-impl torch, triton, cuda; bf16"
-  [ep1]="the EP 1 table (T 4096 H 7168 E 256 K 8), bf16 then fp8, default SMs: alltoall, mcore-alltoall (bf16), \
-ncclep ht (and zero_copy=0, bf16) and ll, deepep-v2; every view, memory; BASE's alltoall and deepep-v2 beside them; \
+  [ep1]="the EP 1 table (T 4096 H 7168 E 256 K 8), bf16, default SMs: alltoall, mcore-alltoall, ncclep ht (and \
+zero_copy=0) and ll, deepep-v2; every view, memory, setup; BASE's alltoall and deepep-v2 beside them; \
 bench/glue_bars.py on it"
+  [ep1fp8]="the same table in fp8: alltoall, ncclep ht and ll, deepep-v2"
   [chained]="the chained view where EP 1 cannot run the backend: alltoall, deepep, deepep-ll, hybridep at EP 2 on \
 ranks sharing the GPU (functional; the EP 1 table times it for the others)"
   [sms]="--knob-sweep num_sms at EP 1 (bench/ep1-sms*.toml): ncclep ht, ncclep ll, deepep-v2"
   [soak]="shared-rank soaks at EP SOAK_EPS (default 2 4; T 64 H 2048 E 16 K 4): deepep-ll, deepep, hybridep, ncclep \
-ht, ncclep ll, deepep-v2 through the oracle, SOAK calls (default 2000) each within an equal share of the budget"
+ht, ncclep ll, deepep-v2 (SOAK_BACKENDS, or SOAK_BACKENDS_<EP> for one EP) through the oracle, SOAK calls (default \
+2000) each within an equal share of the budget"
   [permute]="python -m moebench.permute (PERMUTE_ARGS; .ext/te-src for the te anchor), an fp8 pass (FP8_IMPLS), \
 the fanout_bw probe (SKIP_FANOUT=1 leaves it out)"
   [v1build]="DeepEP hybrid-ep with NVSHMEM from .ext/DeepEP (bench/deepep_build.sh, nvshmem+syslink), packed as \
@@ -40,7 +42,7 @@ the fanout_bw probe (SKIP_FANOUT=1 leaves it out)"
 alltoall, ITERS (default 30) iterations"
   [mlm-shared]="the same, dsv3-small, EP 2 on ranks sharing the GPU: alltoall against flex hybridep and deepep, 2 \
 repeats interleaved (functional)")
-ORDER=(tier fp8q ep1 chained sms soak permute v1build v2build mlm-ep1 mlm-shared)
+ORDER=(tier fp8q ep1 ep1fp8 chained sms soak permute v1build v2build mlm-ep1 mlm-shared)
 # shellcheck disable=SC1090
 [[ -n ${ROUND_EXTRA:-} ]] && source "$ROUND_EXTRA"
 
@@ -130,6 +132,7 @@ tier_workers() {   # ~5 GiB of GPU memory a worker (its rank processes' CUDA con
 step_tier() {
   local log=$D/gpu-tier-$GPU.log w=${TIER_WORKERS:-$(tier_workers)} g0 b0=$SECONDS
   export MOEBENCH_EXPECT_BACKENDS=${TIER_EXPECT:-$(python3 -c "from moebench.backends import base; print(','.join(base.names()))")}
+  export MOEBENCH_FAULT_OUT=$D                 # the fault checks' JSON (every backend, EP 2 on shared ranks) kept
   # the CUDA extension is built first, as an install builds it (setup.py): its JIT build is no test time
   t 300 python3 -c "import moebench.ops as o; print('impl_status', o.impl_status())"
   echo "# moebench._C build: $((SECONDS - b0)) s; expected: $MOEBENCH_EXPECT_BACKENDS; workers: $w" | tee "$log"
@@ -157,8 +160,6 @@ step_ep1() {   # BASE=.ext/base.tgz (git archive of an earlier sha's moebench/, 
   t 300 $V2ENV $DISPATCH --ep 1 --backend alltoall,mcore-alltoall,ncclep,deepep-v2 --knob mode=ht $BIG --iters 20 --out "$j"
   t 120 $V2ENV $DISPATCH --ep 1 --backend ncclep --knob mode=ht --knob zero_copy=0 $BIG --iters 20 --views api --out "$j"
   t 150 $V2ENV $DISPATCH --ep 1 --backend ncclep --knob mode=ll $BIG --iters 20 --out "$j"
-  t 200 $V2ENV $DISPATCH --ep 1 --backend alltoall,ncclep,deepep-v2 --knob mode=ht $BIG --dtype fp8 --iters 20 --out "$j"
-  t 150 $V2ENV $DISPATCH --ep 1 --backend ncclep --knob mode=ll $BIG --dtype fp8 --iters 20 --out "$j"
   if [[ -f ${BASE:-.ext/base.tgz} ]]; then
     rm -rf /tmp/base && mkdir -p /tmp/base && tar -xzf "${BASE:-.ext/base.tgz}" -C /tmp/base && mv moebench /tmp/moebench.head \
       && cp -a /tmp/base/moebench moebench \
@@ -169,6 +170,12 @@ step_ep1() {   # BASE=.ext/base.tgz (git archive of an earlier sha's moebench/, 
   [[ -s $j ]] && python3 -m moebench.report "$j" > "$D/ep1-$GPU.txt" && cat "$D/ep1-$GPU.txt"
   [[ -s $j ]] && { python3 bench/glue_bars.py "$j" $([[ -s $b ]] && echo "$b") | tee "$D/bars-$GPU.txt"
     ((PIPESTATUS[0] == 0)) || { STATUS=FAIL; NOTE+="a bar of bench/glue_bars.py FAILed (bars-$GPU.txt); "; }; }
+}
+step_ep1fp8() {
+  local j=$D/ep1-fp8-$GPU.jsonl
+  t 200 $V2ENV $DISPATCH --ep 1 --backend alltoall,ncclep,deepep-v2 --knob mode=ht $BIG --dtype fp8 --iters 20 --out "$j"
+  t 150 $V2ENV $DISPATCH --ep 1 --backend ncclep --knob mode=ll $BIG --dtype fp8 --iters 20 --out "$j"
+  [[ -s $j ]] && python3 -m moebench.report "$j" > "$D/ep1-fp8-$GPU.txt" && cat "$D/ep1-fp8-$GPU.txt"
 }
 step_chained() {
   t 240 $DISPATCH --ep 2 --ranks-per-gpu 2 --backend alltoall,deepep,deepep-ll,hybridep $SMALL --iters 10 \
@@ -187,7 +194,8 @@ step_sms() {
 step_soak() {   # a soak its budget ended with nothing corrupted exits 3 (BUDGET): a pass, said in the records
   local ep b n=0 ss pre runs=()
   for ep in ${SOAK_EPS:-2 4}; do
-    for b in ${SOAK_BACKENDS:-deepep-ll,deepep,hybridep ncclep:ht ncclep:ll deepep-v2}; do
+    local per="SOAK_BACKENDS_$ep"                    # SOAK_BACKENDS_2=... : one EP's own list
+    for b in ${!per:-${SOAK_BACKENDS:-deepep-ll,deepep,hybridep ncclep:ht ncclep:ll deepep-v2}}; do
       runs+=("$ep $b"); n=$(( n + $(tr -cd , <<<"$b" | wc -c) + 1 ))
     done
   done

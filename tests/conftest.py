@@ -11,6 +11,7 @@ fake deep_ep first (`fake_env`), a tool run in this process (`run_tool`), proces
 that signal a tool, a Triton launch spy, and fake backends registered by their "conftest:Class" path (rank
 processes import them by it).
 """
+import contextlib
 import importlib
 import os
 import signal
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from moebench import cli
 from moebench.backends import base
 from moebench.backends.alltoall import AlltoallBackend
+from moebench.records import provenance
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")          # never use NVLink multicast on shared hosts
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
@@ -116,6 +118,30 @@ def run_tool(capsys):
         cap = capsys.readouterr()
         return subprocess.CompletedProcess([module, *argv], rc, cap.out, cap.err)
     return run
+
+
+@contextlib.contextmanager
+def first_on_path(path: str):
+    """`path` first on sys.path and PYTHONPATH while the ranks start (they take this process's sys.path), and the
+    records' provenance read with it (the DeepEP build they name)."""
+    if not path:
+        yield
+        return
+    saved_path, saved_env = list(sys.path), os.environ.get("PYTHONPATH")
+    sys.path.insert(0, path)
+    os.environ["PYTHONPATH"] = os.pathsep.join([path, *([saved_env] if saved_env else [])])
+    importlib.invalidate_caches()
+    provenance.provenance.cache_clear()
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        if saved_env is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved_env
+        importlib.invalidate_caches()
+        provenance.provenance.cache_clear()
 
 
 # ---- what a timed call runs through torch ------------------------------------------------------------

@@ -15,21 +15,19 @@ DeepEP V1 (branch hybrid-ep) and V2 share the package name deep_ep, so one proce
 MOEBENCH_DEEPEP_V2_PATH names a DeepEP V2 build, deepep-v2's rank processes start with that build first on their
 path (spawned ranks take the parent's sys.path; the NCCL it needs is the process's, env/nccl.py); this process
 never imports deep_ep."""
-import contextlib
-import importlib
 import os
-import sys
 import warnings
 
 import pytest
 import torch
 
+from conftest import first_on_path
 from moebench import dispatch
 from moebench.backends import base
 from moebench.core.workload import WorkloadError
 from moebench.harness.runner import run_cases
 from moebench.harness.spec import RunSpec
-from moebench.records import provenance, schema
+from moebench.records import schema
 
 SHAPE = ["--num-tokens", "64", "--hidden", "2048", "--num-experts", "16", "--topk", "4"]   # every backend takes it
 EXPECT = [n for n in os.environ.get("MOEBENCH_EXPECT_BACKENDS", "").split(",") if n]
@@ -60,30 +58,6 @@ def cases(name: str, mode: str | None, cache_dir) -> list[tuple[str, list[str]]]
              ["--device", "cuda", "--ep", "2", *shared, *SHAPE, "--dtype", dtype, "--backend", name, *knobs, *more,
               *extra, "--views", "api", "--iters", "2", "--warmup-ms", "0", "--timeout", "120"])
             for tag, more in variants for dtype in (dtypes if not tag else ("bf16",))]
-
-
-@contextlib.contextmanager
-def first_on_path(path: str):
-    """`path` first on sys.path and PYTHONPATH while the ranks start (they take this process's sys.path), and the
-    records' provenance read with it (the DeepEP build they name)."""
-    if not path:
-        yield
-        return
-    saved_path, saved_env = list(sys.path), os.environ.get("PYTHONPATH")
-    sys.path.insert(0, path)
-    os.environ["PYTHONPATH"] = os.pathsep.join([path, *([saved_env] if saved_env else [])])
-    importlib.invalidate_caches()
-    provenance.provenance.cache_clear()
-    try:
-        yield
-    finally:
-        sys.path[:] = saved_path
-        if saved_env is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved_env
-        importlib.invalidate_caches()
-        provenance.provenance.cache_clear()
 
 
 def spec_of(argv: list[str]) -> RunSpec:
