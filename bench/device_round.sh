@@ -186,10 +186,10 @@ step_sms() {
   for m in ht ll; do
     f=bench/ep1-sms.toml; [[ $m == ll ]] && f=bench/ep1-sms-ll.toml
     t 250 $V2ENV $DISPATCH --ep 1 --sweep $f --knob-sweep --backend ncclep --knob mode=$m --iters 10 \
-      --views api,cached,kernel --out "$D/sms-ncclep-$m-$GPU.jsonl"
+      --views "${SMS_VIEWS:-api,cached,kernel}" --out "$D/sms-ncclep-$m-$GPU.jsonl"
   done
   t 250 $V2ENV $DISPATCH --ep 1 --sweep bench/ep1-sms.toml --knob-sweep --backend deepep-v2 --iters 10 \
-    --views api,cached,kernel --out "$D/sms-deepep-v2-$GPU.jsonl"
+    --views "${SMS_VIEWS:-api,cached,kernel}" --out "$D/sms-deepep-v2-$GPU.jsonl"
 }
 step_soak() {   # a soak its budget ended with nothing corrupted exits 3 (BUDGET): a pass, said in the records
   local ep b n=0 ss pre runs=()
