@@ -20,7 +20,7 @@ from ..core.workload import Workload
 def slot_rows(d: base.Dispatched) -> torch.Tensor:
     """The flat [L*M] positions of a slot layout's received rows, expert by expert (one host sync for the counts)."""
     n = torch.tensor(reference.counts(d.tokens_per_expert), device=d.x_RH.device)
-    L, M = d.x_RH.shape[:2]
+    M = d.x_RH.shape[1]
     return (torch.arange(M, device=n.device)[None, :] < n[:, None]).view(-1).nonzero().squeeze(1)
 
 
@@ -67,7 +67,7 @@ def expert_outputs(b, d: base.Dispatched, rank: int, w: Workload, src: base.Disp
     if out is None:
         out = y.new_zeros(*d.x_RH.shape[:2], y.shape[-1])
     if d.slots:
-        out.view(-1, out.shape[-1]).index_copy_(0, slot_rows(d), y.to(out.device))
+        out.view(-1, out.shape[-1]).index_copy_(0, slot_rows(d), y)
     else:
         out[:n].copy_(y)
     return out
