@@ -74,7 +74,8 @@ class NcclEPBackend(NcclFamily):
     KNOBS = {"mode": Knob(choices=MODES), "num_sms": Knob(low=1), "zero_copy": SWITCH}
     comm_kernels = ("dispatch", "combine")     # ep_bench's kernel-time names (CUPTI): NCCL EP's JIT kernels
     cached_loop = "ep_bench"
-    no_graph_view = "ht's call reads the per-expert counts on the host (its cached call has no host wait)"
+    no_graph_view = ("ht is not captured here: its routing exchange (handle update) is not known to be graph-safe, and "
+                     "zero_copy=0 reads the counts on the host; its cached pair is timed free-running (chained)")
 
     @classmethod
     def available(cls):
