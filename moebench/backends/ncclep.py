@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core.reference import expert_factors
-from ..core.workload import WorkloadError
+from ..core.workload import WorkloadError, fp8_dequantize
 from ..env.toolkit import dist_version, installed, package_file
 from .base import SWITCH, Dispatched, GraphPlan, Knob, Unavailable
 from .nccl_family import NcclFamily, native_output
@@ -299,13 +299,22 @@ class NcclEPBackend(NcclFamily):
         return {"dispatch": dispatch, "combine": lambda: self._combine(y_RH, h)}
 
     def chained_plan(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
-        """ht: ep_bench's pair (the routing bound, no host wait in either call), queued free-running. ll: the graph's
-        pair, whose experts run on each dispatch's own slots (a slot's token follows arrival order, so a combine of
-        the checked dispatch's slots after another dispatch would mix rows)."""
+        """ht: ep_bench's pair (the routing bound, no host wait in either call), queued free-running, the correctness
+        expert between them on that dispatch's own rows; ll: the graph's pair, likewise. A row's place within its
+        expert follows arrival order (ll's slots; ht with zero copy, whose receivers fan the tokens out), so the
+        checked dispatch's expert outputs would not fit another dispatch's handle (measured: wrong combines)."""
         if self.mode == "ll":
             return super().chained_plan(x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH)
-        return self.cached_graph("ep_bench's pair: the routing bound once, no host wait",
-                                 self.cached_phases(x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH))
+        calls = self.cached_phases(x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH)
+        factor = expert_factors(torch.distributed.get_rank(self.group), self.w, self.device)
+        row = torch.arange(self.budget, device=self.device)
+
+        def between(dg):            # each budget row's expert from the counts on the device, then (e + 1) x its prob
+            e = torch.searchsorted(torch.cumsum(self.counts, 0), row, right=True).clamp_(max=self.w.local_experts - 1)
+            x = fp8_dequantize(self.rows, self.rows_s) if self.fp8 else self.rows
+            torch.mul(x, (factor[e] * self.weights)[:, None], out=self.combine_in)
+        return GraphPlan("ep_bench's pair: the routing bound once, no host wait; the expert on each dispatch's rows",
+                         calls["dispatch"], lambda dg: self._combine(self.combine_in, dg.handle), between)
 
     def graph_plan(self, x_TH, topk_idx_TK, topk_w_TK, scales_TS, d, y_RH):
         """ll bf16: dispatch into the slots, the correctness expert on the slots (captured between), combine of those

@@ -83,8 +83,27 @@ def dispatch(h, c) -> None:
                '[num_recv_tokens]"')
     if rw.sizes[0] < rows:
         f.invalid(f.INVALID_ARGUMENT)                                               # :4108
+    em["order"] = arrival_order(em) if g.config["zero_copy"] == ZERO_COPY_ON else None
     _write(em, gather(g.comm.group, (x.tensor(), c.s.tensor() if c.s else None, w.tensor())),
            rx.tensor(), rs.tensor() if c.recipe == FWD else None, rw.tensor())
+
+
+def arrival_order(em) -> torch.Tensor:
+    """Zero copy ON: the receivers fan the tokens out to their experts as they arrive (docs/zero-copy.md), so a row's
+    place within its expert's zone differs from one dispatch to the next; combine reads them where the last dispatch
+    put them. The fake draws a fresh order per dispatch: a caller that combines rows laid out by another dispatch
+    gets wrong sums, as on a GPU. [total]: the stored row of each row in (expert, source rank, token) order."""
+    em["draws"] = em.get("draws", 0) + 1
+    g, order, start = torch.Generator().manual_seed(em["draws"]), torch.arange(em["total"]), 0
+    for n in em["padded"]:
+        order[start:start + n] = start + torch.randperm(n, generator=g)
+        start += n
+    return order
+
+
+def _rows(em, b: int, n: int):
+    """Where rows b .. b + n (in (expert, source rank, token) order) lie after the last dispatch."""
+    return slice(b, b + n) if em.get("order") is None else em["order"][b:b + n]
 
 
 def _write(em, sent, rx, rs, rw) -> None:
@@ -94,11 +113,11 @@ def _write(em, sent, rx, rs, rw) -> None:
             u8(t[:total]).zero_()                       # the zones' padding rows
             garbage(t[total:])
     for (_, s, toks, ks), b in zip(em["pairs"], em["begins"]):
-        n, (xs, ss, ws) = len(toks), sent[s]
-        u8(rx)[b:b + n] = u8(xs)[toks]
+        n, (xs, ss, ws), at = len(toks), sent[s], _rows(em, b, len(toks))
+        u8(rx)[at] = u8(xs)[toks]
         if rs is not None:
-            u8(rs)[b:b + n] = u8(ss)[toks]
-        rw[b:b + n] = ws[toks, ks]
+            u8(rs)[at] = u8(ss)[toks]
+        rw[at] = ws[toks, ks]
 
 
 def combine(h, c) -> None:
@@ -126,7 +145,7 @@ def combine(h, c) -> None:
     f.jit_launch("combine", f"combine_LSATeams1_lsa{g.nranks}_hdim{y.sizes[1]}")
     rows, send = y.tensor(), {}
     for (_, s, toks, _), b in zip(em["pairs"], em["begins"]):
-        send.setdefault(s, []).append((toks, rows[b:b + len(toks)]))
+        send.setdefault(s, []).append((toks, rows[_rows(em, b, len(toks))]))
     res = torch.zeros(out.sizes, dtype=torch.float32)
     for sent in gather(g.comm.group, send):
         for toks, part in sent.get(g.rank, []):
