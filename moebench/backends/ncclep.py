@@ -161,6 +161,7 @@ class NcclEPBackend(NcclFamily):
                 max_recv_tokens_per_rank=self.budget, max_token_bytes=token_bytes(w),
                 max_num_sms=int(self.knob_values.get("num_sms") or 0), num_topk=w.topk,
                 **({"zero_copy": ep.ZeroCopyMode.ON} if self.windows and self.windows.ok else {}))
+            self.library_zero_copy = self.windows.state() if self.windows else None    # kept past teardown
             self.group_ep = ep.Group.create(self.comm, cfg)
 
     def _buffers(self, w, device):
@@ -198,7 +199,7 @@ class NcclEPBackend(NcclFamily):
         return HT_DEFAULT_SMS if self.mode == "ht" else device_sms
 
     def knobs(self):
-        zc = {"zero_copy": int(self.zero_copy), "library_zero_copy": self.windows.state() if self.windows else None,
+        zc = {"zero_copy": int(self.zero_copy), "library_zero_copy": getattr(self, "library_zero_copy", None),
               "megatron": MEGATRON_ZERO_COPY if self.zero_copy else None} if self.mode == "ht" else {}
         return {**super().knobs(), "mode": self.mode, **zc, "libnccl": getattr(self, "nccl", None),
                 "max_recv_tokens_per_rank": getattr(self, "budget", None),

@@ -13,7 +13,8 @@ slots sent, R (token, expert) rows received, P (token, rank) pairs received, M r
 busiest local expert (counts from the case's own routing, as the byte rule counts them):
   held:      x (2TH), the oracle's expected rows (R b), the dispatched rows (R b), the expert
              outputs (2RH) and the combine output (2TH)
-  peak of:   the oracle's combine, fp32 [T, K, H] products (8TKH + 4TH); the dispatch check's row
+  peak of:   the oracle's combine, fp32 [T, K, H] products (8TKH + 4TH; with the chained view also its last
+             pair's outputs, alive while the oracle checks them: one backend call's bytes); the dispatch check's row
              keys of one expert (24MH); one backend call (alltoall-like: (S + 2R) b; deduplicating
              backends: (P + R) b)
   on CUDA:   the L2 flush buffer, a CUDA context, and the buffers the backend declares
@@ -84,13 +85,14 @@ def call_bytes(dedup: bool, sent: float, rows: float, pairs: float, row_bytes: i
     return int((pairs + rows) * row_bytes if dedup else (sent + 2 * rows) * row_bytes)
 
 
-def rank_bytes(name: str, dedup: bool, w: Workload, c: dict, r: int, cuda: bool) -> int:
-    """The estimate for rank r (see the module docstring)."""
+def rank_bytes(name: str, dedup: bool, w: Workload, c: dict, r: int, cuda: bool, chained: bool = False) -> int:
+    """The estimate for rank r (see the module docstring); chained: the chained view is timed (its last pair's
+    outputs are alive while the oracle checks them)."""
     T, H, K, b = w.num_tokens, w.hidden, w.topk, w.bytes_per_token
     S, R, P, M = c["sent"][r], c["rows"][r], c["pairs"][r], c["busiest"][r]
     held = 2 * T * H + (T * H if w.dtype == "fp8" else 0) + 2 * R * b + 2 * R * H + 2 * T * H
     call = call_bytes(dedup, S, R, P, b)
-    peak = max(8 * T * K * H + 4 * T * H, CHECK_KEY_BYTES * M * H, call, draw_bytes(w))
+    peak = max(8 * T * K * H + 4 * T * H + (call if chained else 0), CHECK_KEY_BYTES * M * H, call, draw_bytes(w))
     if not cuda:
         return held + peak + RANK_PROCESS_HOST
     extra = L2_FLUSH_BYTES + RANK_CONTEXT_CUDA
@@ -128,7 +130,8 @@ def gemm_bytes(spec, rows: int, cuda: bool) -> int:
 def estimate(name: str, dedup: bool, spec) -> Estimate:
     w, cuda = spec.workload, spec.device == "cuda"
     c = routing_counts(w)
-    per = [rank_bytes(name, dedup, w, c, r, cuda) + gemm_bytes(spec, c["rows"][r], cuda) for r in range(w.ep)]
+    chained = "chained" in spec.views
+    per = [rank_bytes(name, dedup, w, c, r, cuda, chained) + gemm_bytes(spec, c["rows"][r], cuda) for r in range(w.ep)]
     if cuda:
         return Estimate(per, max(1, spec.ranks_per_gpu), "device memory per GPU")
     return Estimate(per, w.ep, "host memory")
