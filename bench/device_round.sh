@@ -26,6 +26,8 @@ TIER_WORKERS: as many as the GPU's memory holds, at most half the cores), every 
   [ep1]="the EP 1 table (T 4096 H 7168 E 256 K 8), bf16, default SMs: alltoall, mcore-alltoall, ncclep ht (and \
 zero_copy=0) and ll, deepep-v2; every view, memory, setup; BASE's alltoall and deepep-v2 beside them; \
 bench/glue_bars.py on it"
+  [ab]="alltoall and deepep-v2 at EP 1 (T 4096 H 7168 E 256 K 8, bf16, api view) by head and by BASE, alternated \
+AB_RUNS (default 3) times; bench/glue_bars.py on the pooled runs"
   [ep1fp8]="the same table in fp8: alltoall, ncclep ht and ll, deepep-v2"
   [chained]="the chained view where EP 1 cannot run the backend: alltoall, deepep, deepep-ll, hybridep at EP 2 on \
 ranks sharing the GPU (functional; the EP 1 table times it for the others)"
@@ -42,7 +44,7 @@ the fanout_bw probe (SKIP_FANOUT=1 leaves it out)"
 alltoall, ITERS (default 30) iterations"
   [mlm-shared]="the same, dsv3-small, EP 2 on ranks sharing the GPU: alltoall against flex hybridep and deepep, 2 \
 repeats interleaved (functional)")
-ORDER=(tier fp8q ep1 ep1fp8 chained sms soak permute v1build v2build mlm-ep1 mlm-shared)
+ORDER=(tier fp8q ep1 ab ep1fp8 chained sms soak permute v1build v2build mlm-ep1 mlm-shared)
 # shellcheck disable=SC1090
 [[ -n ${ROUND_EXTRA:-} ]] && source "$ROUND_EXTRA"
 
@@ -154,22 +156,33 @@ step_fp8q() {
   done
   t 120 $DISPATCH --ep 1 --backend alltoall $BIG --views api --iters 5 --out "$j"
 }
-step_ep1() {   # BASE=.ext/base.tgz (git archive of an earlier sha's moebench/, its sha in BASE_SHA): alltoall and
-  # deepep-v2 timed by that code too, in this call, swapped in at the same path (the CUDA extension's build is reused)
+as_base() {   # CMD...: run with BASE's moebench/ (.ext/base.tgz, a git archive of an earlier sha's moebench/, its sha in
+  # BASE_SHA) swapped in at the same path (the CUDA extension's build is reused), then head's back
+  [[ -f ${BASE:-.ext/base.tgz} ]] || return 0
+  rm -rf /tmp/base && mkdir -p /tmp/base && tar -xzf "${BASE:-.ext/base.tgz}" -C /tmp/base && mv moebench /tmp/moebench.head \
+    && cp -a /tmp/base/moebench moebench && MOEBENCH_GIT_SHA="${BASE_SHA:-base}" "$@"
+  [[ -d /tmp/moebench.head ]] && rm -rf moebench && mv /tmp/moebench.head moebench
+}
+bars() {   # HEAD.jsonl [BASE.jsonl]: bench/glue_bars.py, a failed bar fails the step
+  python3 bench/glue_bars.py "$1" $([[ -s ${2:-} ]] && echo "$2") | tee "$D/bars-${3:-ep1}-$GPU.txt"
+  ((PIPESTATUS[0] == 0)) || { STATUS=FAIL; NOTE+="a bar of bench/glue_bars.py FAILed (bars-${3:-ep1}-$GPU.txt); "; }
+}
+step_ep1() {   # alltoall and deepep-v2 by BASE's code too, in this call (as_base)
   local j=$D/ep1-$GPU.jsonl b=$D/ep1-base-$GPU.jsonl
   t 300 $V2ENV $DISPATCH --ep 1 --backend alltoall,mcore-alltoall,ncclep,deepep-v2 --knob mode=ht $BIG --iters 20 --out "$j"
   t 120 $V2ENV $DISPATCH --ep 1 --backend ncclep --knob mode=ht --knob zero_copy=0 $BIG --iters 20 --views api --out "$j"
   t 150 $V2ENV $DISPATCH --ep 1 --backend ncclep --knob mode=ll $BIG --iters 20 --out "$j"
-  if [[ -f ${BASE:-.ext/base.tgz} ]]; then
-    rm -rf /tmp/base && mkdir -p /tmp/base && tar -xzf "${BASE:-.ext/base.tgz}" -C /tmp/base && mv moebench /tmp/moebench.head \
-      && cp -a /tmp/base/moebench moebench \
-      && t 150 env MOEBENCH_GIT_SHA="${BASE_SHA:-base}" $V2ENV $DISPATCH --ep 1 --backend alltoall,deepep-v2 $BIG \
-        --iters 20 --views api --out "$b"
-    [[ -d /tmp/moebench.head ]] && rm -rf moebench && mv /tmp/moebench.head moebench
-  fi
+  as_base t 150 $V2ENV $DISPATCH --ep 1 --backend alltoall,deepep-v2 $BIG --iters 20 --views api --out "$b"
   [[ -s $j ]] && python3 -m moebench.report "$j" > "$D/ep1-$GPU.txt" && cat "$D/ep1-$GPU.txt"
-  [[ -s $j ]] && { python3 bench/glue_bars.py "$j" $([[ -s $b ]] && echo "$b") | tee "$D/bars-$GPU.txt"
-    ((PIPESTATUS[0] == 0)) || { STATUS=FAIL; NOTE+="a bar of bench/glue_bars.py FAILed (bars-$GPU.txt); "; }; }
+  [[ -s $j ]] && bars "$j" "$b"
+}
+step_ab() {   # head against BASE, alternated AB_RUNS times (fresh processes): alltoall and deepep-v2's api medians
+  local i h=$D/ab-head-$GPU.jsonl b=$D/ab-base-$GPU.jsonl
+  for ((i = 1; i <= ${AB_RUNS:-3}; i++)); do
+    t 100 $V2ENV $DISPATCH --ep 1 --backend alltoall,deepep-v2 $BIG --iters 20 --views api --out "$h"
+    as_base t 100 $V2ENV $DISPATCH --ep 1 --backend alltoall,deepep-v2 $BIG --iters 20 --views api --out "$b"
+  done
+  [[ -s $h ]] && bars "$h" "$b" ab
 }
 step_ep1fp8() {
   local j=$D/ep1-fp8-$GPU.jsonl

@@ -8,18 +8,22 @@ record keeps, each named by owner: library / moebench / torch):
 - moebench's kernels only where Megatron runs the same step: none in ncclep's phases; deepep-v2's permute in its
   dispatch and unpermute in its combine (Megatron's dispatch_postprocess / combine_preprocess);
 - ncclep ht's combine api within 1.3x of the library's kernel time (timing.library_us).
-With BASE (the same run of alltoall and deepep-v2 from the code before, on the same machine in the same call):
-alltoall's and deepep-v2's api medians no slower than there (within 5%, the noise of one run here).
+With BASE (the same runs of alltoall and deepep-v2 by the code before, on the same machine in the same call):
+alltoall's and deepep-v2's api medians no slower than there (within 5%), each side the median of its runs' medians
+(device_round.sh ab alternates the two codes AB_RUNS times: one run of each moved 7% at 565af70 with the kernels'
+busy time the same to 0.1 us), the kernels' busy time beside it.
 One line per bar, PASS or FAIL with the figures; exit 1 when any FAILs, 2 on a file it cannot read.
 """
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 
 from moebench.harness.views.profile import owner
 
 GLUE_US, HT_COMBINE_X, SLOWER = 50.0, 1.3, 1.05
+NO_SLOWER = ("alltoall", "deepep-v2")
 # moebench's kernels a phase may hold: deepep-v2's dispatch the permute's (its index and copy kernels), its combine the
 # unpermute; every other phase none
 ALLOWED = {("deepep-v2", "dispatch"): lambda k: "unpermute" not in k and "sort_chunks" not in k,
@@ -66,13 +70,16 @@ def bars(recs: list[dict], base: list[dict]) -> list[tuple[str, bool, str]]:
             x = t["median_us"] / lib if lib else float("inf")
             out.append((f"ht combine api / library {label(r)}", x <= HT_COMBINE_X,
                         f"{t['median_us']:.1f} / {lib:.1f} us = {x:.2f} (<= {HT_COMBINE_X})"))
-    before = {label(r): r["timing"]["median_us"] for r in base if r["backend"]["name"] in ("alltoall", "deepep-v2")}
-    for r in recs:
-        was = before.get(label(r))
-        if was and r["backend"]["name"] in ("alltoall", "deepep-v2"):
-            now = r["timing"]["median_us"]
-            out.append((f"no slower {label(r)}", now <= was * SLOWER, f"{now:.1f} us now, {was:.1f} before "
-                        f"({now / was:.3f}x, <= {SLOWER})"))
+    pooled = lambda rs: {lab: [r["timing"] for r in rs if label(r) == lab]      # noqa: E731
+                         for lab in dict.fromkeys(label(r) for r in rs if r["backend"]["name"] in NO_SLOWER)}
+    now, before = pooled(recs), pooled(base)
+    for lab, ts in now.items():
+        if before.get(lab):
+            a, b = (statistics.median(t["median_us"] for t in x) for x in (ts, before[lab]))
+            busy = [statistics.median(t.get("kernel_busy_us") or 0 for t in x) for x in (ts, before[lab])]
+            out.append((f"no slower {lab}", a <= b * SLOWER, f"{a:.1f} us now, {b:.1f} before ({a / b:.3f}x, <= "
+                        f"{SLOWER}; median of {len(ts)} / {len(before[lab])} runs' medians); kernels busy "
+                        f"{busy[0]:.1f} / {busy[1]:.1f} us"))
     return out
 
 

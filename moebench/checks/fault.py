@@ -3,8 +3,8 @@ or does it hang? A production team signs a container only if a lost rank is dete
 (shared/notes/acceptance-asks-2026-12.md).
 
 Each check runs two injected runs of the backend (harness/fault.py), as `python -m moebench.dispatch --inject` runs
-them, in one child (checks/child.py): rank 1 killed with SIGKILL at its second timed dispatch call, then rank 1
-stalled there for longer than the watchdog. Where the round trips run (placement.for_roundtrip): one rank per GPU,
+them, side by side, each in its own child (checks/child.py) with its own ranks: rank 1 killed with SIGKILL at its
+second timed dispatch call, and rank 1 stalled there for longer than the watchdog. Where the round trips run (placement.for_roundtrip): one rank per GPU,
 else 2 ranks sharing GPU 0 (functional), else 2 CPU ranks. PASS when the stack ends each run in bounded time: with
 its own error (`detects in X s`), or by moebench's watchdog `--watchdog` s after the fault (`watchdog only`); FAIL
 when a rank outlives moebench's SIGKILL or the child outlives its deadline (`hangs on a dead peer`), or the backend
@@ -14,6 +14,7 @@ run only when named (`-t fault`, `-t fault.deepep`, `-p fault`): each may wait o
 from __future__ import annotations
 
 import functools
+from concurrent.futures import ThreadPoolExecutor
 
 from ..backends import base
 from . import child
@@ -50,16 +51,18 @@ def check_fault(ctx: Context, backend: str):
     if why:
         return waived(f"{backend}: {why}")
     where = f"EP {at.ranks}" + (f" ({at.note})" if at.note else "")
-    bound = len(runs) * (o.timeout + o.watchdog + REAP_S + 10) + 60
-    r = child.run_function("moebench.checks.fault:fault_child", {"argvs": [run.to_argv() for run in runs]}, bound,
-                           env={"PYTHONFAULTHANDLER": "1"})
-    if r.timed_out:
-        return failed(f"{backend} {where}: hangs on a dead peer: the injected runs did not end within {bound:.0f} s "
-                      "(past the stack's timeouts and moebench's watchdog); the child was killed", seconds=r.seconds,
-                      stderr=r.stderr_tail())
-    if not r.ok:
-        return failed(f"{backend} {where}: the injected runs {r.failure()}", stderr=r.stderr_tail())
-    return judge(backend, where, r.value)
+    bound = o.timeout + o.watchdog + REAP_S + 70
+    with ThreadPoolExecutor(len(runs)) as pool:     # the two faults at once: each child's setup is most of its time
+        done = list(pool.map(lambda run: child.run_function("moebench.checks.fault:fault_child", {
+            "argvs": [run.to_argv()]}, bound, env={"PYTHONFAULTHANDLER": "1"}), runs))
+    for run, r in zip(runs, done):
+        if r.timed_out:
+            return failed(f"{backend} {where}: hangs on a dead peer: the {run.inject} run did not end within "
+                          f"{bound:.0f} s (past the stack's timeouts and moebench's watchdog); its child was killed",
+                          seconds=r.seconds, stderr=r.stderr_tail())
+        if not r.ok:
+            return failed(f"{backend} {where}: the {run.inject} run {r.failure()}", stderr=r.stderr_tail())
+    return judge(backend, where, [recs for r in done for recs in r.value])
 
 
 def judge(backend: str, where: str, runs: list[list[dict]]):

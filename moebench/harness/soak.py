@@ -14,8 +14,8 @@ whose calls stopped is a `hang`. --soak-seconds is its own budget: the ranks agr
 has run out and stop together; either way a soak its time ended with no call corrupted is BUDGET, not FAIL.
 
 Where the time goes: each rank sums its host-clock seconds per stage of a checked call (inputs, dispatch, the
-dispatch check, the experts, combine, the combine check; one sync after combine so that its kernels are not
-billed to the check) and the record keeps them (`stage_ms`). Ranks that share a GPU check on the host, one torch
+dispatch check, the experts, combine, the combine check; a sync after dispatch and after combine, so that their
+kernels are not billed to the checks: at 565af70 ncclep ht's 46 ms of `check_dispatch` at EP 4 held its dispatch) and the record keeps them (`stage_ms`). Ranks that share a GPU check on the host, one torch
 thread each (harness/launch.py): the other rank's communication kernel spins on the GPU while this one checks,
 and every gap in a queue of small checking kernels handed it a whole time slice (~150 ms a call at EP 2, T 64,
 with the check on the GPU; 0.4-0.6 s checked on the host with every core per rank). On one H100 a checked call
@@ -65,7 +65,7 @@ def one_call(b, w, rank: int, dev, where=None, clock: dict | None = None) -> dic
     laps("inputs")
     try:
         d = b.dispatch(payload, idx, wt, s)
-        laps("dispatch")
+        laps("dispatch", sync=True)
         got = oracle.moved(d, where)
         rows = oracle.dispatch_bad_rows(got, w, rank, where)
         laps("check_dispatch")

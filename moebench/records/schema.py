@@ -202,7 +202,7 @@ def performance_only(recs: list[dict], tool: str) -> list[dict]:
 
 
 TUNABLE = ("num_sms",)        # backend.knobs keys that count as a knob setting without sweep tags
-MODES = ("mode",)             # backend.knobs keys that make another case, swept or not (ncclep ht / ll)
+MODES = ("mode", "zero_copy")  # backend.knobs keys that make another case, swept or not (ncclep ht / ll, zero copy)
 
 
 def knobs_of(r: dict) -> dict:

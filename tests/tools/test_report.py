@@ -214,6 +214,18 @@ def test_tables_mark_the_last_of_repeated_runs(tmp_path, capsys):
     assert all("_runs" not in r for r in json.loads(capsys.readouterr().out))
 
 
+def test_a_setting_that_makes_another_case_is_its_own_row(tmp_path, capsys):
+    """ncclep ht with and without zero copy, in one file: two rows (at 565af70 the second hid the first as
+    its "last of 2 runs")."""
+    f = tmp_path / "r.jsonl"
+    write(f, [rec("ncclep", 4096, "combine", median=328.0, knobs={"mode": "ht", "zero_copy": 1}),
+              rec("ncclep", 4096, "combine", median=635.0, knobs={"mode": "ht", "zero_copy": 0})])
+    assert report.main([str(f)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("4096")]
+    assert len(rows) == 2 and not any("last of" in r for r in rows)
+    assert any("zero_copy=1" in r and " 328 " in r for r in rows) and any("zero_copy=0" in r and " 635 " in r for r in rows)
+
+
 def test_compare_says_it_pools_and_names_the_functional_records_left_out(tmp_path, capsys):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     cpu = dict(rec("deepep", 512, "dispatch", samples=noisy(50.0, seed=9)), device="cpu", functional=True)
