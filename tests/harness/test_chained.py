@@ -14,6 +14,7 @@ from moebench.harness.timing import Timer
 from moebench.harness.views import chained
 
 W = Workload(num_tokens=16, hidden=64, num_experts=8, topk=2, ep=2)
+W1 = Workload(num_tokens=16, hidden=64, num_experts=8, topk=2, ep=1)
 
 
 def _chains(ctx):
@@ -64,3 +65,24 @@ def test_a_backend_without_a_sync_free_pair_says_why():
     why = _NoPair().chained_plan(*[None] * 6)
     assert why == "no dispatch -> combine pair known free of host syncs: a host sync in every call (stand-in)"
 
+
+
+def _chain_with_a_slow_between(ctx):
+    """The alltoall pair with a between step that takes 50 ms (as ncclep's correctness expert runs between)."""
+    import time
+    b = AlltoallBackend(knob_values={"ops_impl": "torch"})
+    b.setup(ctx.group, W1, ctx.device)
+    x, idx, wt, q, s = rank_inputs(W1, ctx.rank)
+    err, d, y = oracle.check(b, W1, ctx.rank, x, idx, wt, s, ctx.device)
+    case = make_case(b, Timer(ctx.device, ctx.group), ctx, RunSpec(W1, ("alltoall",), iters=3), (x, idx, wt, s), d, y)
+    plan = b.chained_plan(x, idx, wt, s, d, y)
+    plain = chained.chain(case.timer, plan, kept=3, drop=1, check=case.check, wait_s=30)
+    plan.between = lambda dg: time.sleep(0.05)
+    return plain, chained.chain(case.timer, plan, kept=3, drop=1, check=case.check, wait_s=30)
+
+
+def test_the_step_between_a_pairs_calls_is_timed_apart_and_out_of_its_window():
+    for plain, slow in run_ranks(_chain_with_a_slow_between, 1, "cpu", timeout_s=60):
+        assert "between" not in plain and "fail" not in slow, slow
+        assert slow["between_us"] >= 50_000 and "taken out of each window" in slow["between"]
+        assert slow["us"] < 50_000 and slow["us"] < 10 * plain["us"] + 5_000, (plain["us"], slow["us"])
