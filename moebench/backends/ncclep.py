@@ -32,8 +32,12 @@ combine as valid (token, k) selections, x payload (`ncclep_ll_bytes`). `graph`: 
 api call reads the counts on the host, and its cached call is what the graph would replay.
 max_token_bytes covers dispatch and combine rows (nccl_ep.h: "Upper bound on token-row bytes per token, covering
 dispatch and combine"; ep_bench takes the max of both): fp8 dispatch rows are smaller than combine's bf16 ones.
-SMs: `--num-sms` is the group's max_num_sms; unset, NCCL EP uses 16 for ht and every SM for ll (nccl_ep.cc:1749-1764,
-NCCL_EP_HT_DFLT_NUM_SMS), NCCL_EP_COMM_SMS overriding either: the record names the count used.
+SMs: `--num-sms` is the group's max_num_sms; unset (or 0), NCCL EP's default (AUTO): its communication kernels on 16
+SMs for ht (NCCL_EP_HT_DFLT_NUM_SMS) and every SM for ll, its local shuffle (ht's receiver fan-out and reduce) and
+preprocessing on every SM; a count N puts the communication and the shuffle on N, the preprocessing still on every SM
+(nccl_ep.cc:1749-1782), NCCL_EP_COMM_SMS overriding the communication's count: the record names the communication's
+count (`num_sms_used`) and the split (`sms_split`). So ht's default is no explicit count: on the H100 at 565af70
+`num_sms=16` took 1317 / 1049 us (its local dup / reduce 1003 / 907 us on 16 SMs) where the default took 455 / 329.
 
 Legend: T tokens, H hidden, K top-k, L local experts, R ranks (ll slots) or grouped rows, S scale columns.
 """
@@ -71,7 +75,7 @@ class NcclEPBackend(NcclFamily):
     name = "ncclep"
     dedup = True                   # ht and ll dispatch send one message per (token, destination rank)
     supports_fp8 = True
-    KNOBS = {"mode": Knob(choices=MODES), "num_sms": Knob(low=1), "zero_copy": SWITCH}
+    KNOBS = {"mode": Knob(choices=MODES), "num_sms": Knob(low=0), "zero_copy": SWITCH}
     comm_kernels = ("dispatch", "combine")     # ep_bench's kernel-time names (CUPTI): NCCL EP's JIT kernels
     cached_loop = "ep_bench"
     no_graph_view = ("ht is not captured here: its routing exchange (handle update) is not known to be graph-safe, and "
@@ -198,10 +202,18 @@ class NcclEPBackend(NcclFamily):
             return int(env)
         return HT_DEFAULT_SMS if self.mode == "ht" else device_sms
 
+    def sms_split(self) -> str:
+        """Where NCCL EP puts its kernels (nccl_ep.cc:1749-1782): the communication's SMs, the local shuffle's and the
+        preprocessing's (every SM, unless the library's own environment says otherwise)."""
+        n = self.knob_values.get("num_sms")
+        shuffle = f"{n}" if n else "every SM"
+        return f"communication {self.sms_used() or 'every SM'}, local shuffle {shuffle}, preprocessing every SM"
+
     def knobs(self):
         zc = {"zero_copy": int(self.zero_copy), "library_zero_copy": getattr(self, "library_zero_copy", None),
               "megatron": MEGATRON_ZERO_COPY if self.zero_copy else None} if self.mode == "ht" else {}
-        return {**super().knobs(), "mode": self.mode, **zc, "libnccl": getattr(self, "nccl", None),
+        return {**super().knobs(), "mode": self.mode, **zc, "sms_split": self.sms_split(),
+                "libnccl": getattr(self, "nccl", None),
                 "max_recv_tokens_per_rank": getattr(self, "budget", None),
                 "nccl_ep_lib": str(self.ep.get_lib_version()) if hasattr(self, "ep") else None}
 

@@ -153,3 +153,15 @@ def test_megatron_flags_ncclep_and_no_path_for_deepep_v2():
         megatron_flags("ncclep", "0.19.2", ep=1)
     with pytest.raises(FlagsError, match="no path to DeepEP V2"):
         megatron_flags("deepep-v2", "0.19.2", ep=8)
+
+
+def test_ncclep_num_sms_0_is_the_librarys_default_and_the_record_names_the_split():
+    """NCCL EP's AUTO puts ht's communication on 16 SMs and its local shuffle on every SM; an explicit count puts both
+    on it (nccl_ep.cc): 0 asks for the default, and the knobs say which split ran."""
+    assert NcclEPBackend.KNOBS["num_sms"].problem(0) == "" and NcclEPBackend.KNOBS["num_sms"].problem(-1)
+    auto, sixteen = NcclEPBackend(knob_values={"mode": "ht", "num_sms": 0}), NcclEPBackend(knob_values={"mode": "ht",
+                                                                                                        "num_sms": 16})
+    assert auto.sms_used() == sixteen.sms_used() == 16
+    assert auto.sms_split() == "communication 16, local shuffle every SM, preprocessing every SM"
+    assert sixteen.sms_split() == "communication 16, local shuffle 16, preprocessing every SM"
+    NcclEPBackend(knob_values={"mode": "ll", "num_sms": 0}).validate(wl(num_experts=64), 2)
