@@ -1,9 +1,11 @@
 """Setup cost in every record and table (harness/setupcost.py): per rank, the process group, the backend's build,
 its first dispatch + combine, and with --recreate a destroy and rebuild (then one checked call on the new one)."""
 import json
+import os
 
 import pytest
 
+from conftest import first_on_path
 from moebench.backends import base
 from moebench.core.workload import Workload
 from moebench.harness.launch import run_ranks
@@ -66,11 +68,13 @@ def test_a_record_without_setup_shows_a_dash_and_setup_ms_is_the_slowest_build_a
 @pytest.mark.parametrize("backend", base.names())
 def test_every_backend_records_its_setup_at_ep_1(tmp_path, backend):
     """GPU tier: each backend at EP 1 on one GPU with --recreate: build, first call and rebuild ms per rank in its
-    records (skipped where it cannot run here: refused or WAIVED, with the reason)."""
+    records (skipped where it cannot run here: refused or WAIVED, with the reason); deepep-v2 with
+    MOEBENCH_DEEPEP_V2_PATH's build first on its ranks' path (at a8e726b it skipped: V1 was found first)."""
     from moebench import dispatch
     out = tmp_path / "r.jsonl"
-    rc = dispatch.main(["--device", "cuda", "--ep", "1", "--backend", backend, "--num-tokens", "128", "--iters", "3",
-                        "--warmup-ms", "20", "--views", "api", "--recreate", "--timeout", "600", "--out", str(out)])
+    with first_on_path(os.environ.get("MOEBENCH_DEEPEP_V2_PATH", "") if backend == "deepep-v2" else ""):
+        rc = dispatch.main(["--device", "cuda", "--ep", "1", "--backend", backend, "--num-tokens", "128", "--iters",
+                            "3", "--warmup-ms", "20", "--views", "api", "--recreate", "--timeout", "600", "--out", str(out)])
     if rc == 2 or not out.exists():
         pytest.skip(f"{backend} refused at EP 1 on this machine")
     recs = [json.loads(line) for line in out.read_text().splitlines()]
