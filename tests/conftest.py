@@ -204,6 +204,31 @@ class LaunchSpy:
         return self.kernel[grid]
 
 
+def run_interpreted(path, shards: tuple[str, ...], timeout_s: float = 600.0) -> str:
+    """Run the test file `path` under Triton's interpreter (chosen when triton.jit runs: a fresh process), one process
+    per `-k` shard, side by side: the interpreter is one core's work, and the CPU tier's machine has two. '' when
+    every shard passes, else each failing one's tail (a shard that selects nothing fails: pytest exits 5)."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    procs = [subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(path), "-k", k],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True) for k in shards]
+    deadline, bad = time.monotonic() + timeout_s, []
+    try:
+        for k, p in zip(shards, procs):
+            try:
+                out = p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
+            except subprocess.TimeoutExpired:
+                out = f"timed out after {timeout_s:.0f} s"
+            if p.returncode != 0:
+                bad.append(f"[-k {k}] {out[-3000:]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+    return "\n".join(bad)
+
+
 # ---- fake backends: register with base.REGISTRY[name] = "conftest:Class" ------------------------------
 class WaiveOnRank1(AlltoallBackend):
     name = "test-waive-rank1"

@@ -3,12 +3,10 @@ megatron-core's unfused permute/unpermute as a second oracle, and hypothesis pro
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import LaunchSpy
+from conftest import LaunchSpy, run_interpreted
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -302,11 +300,8 @@ def test_tma_desc_choice(monkeypatch):
 def test_triton_interpreter():
     """Triton's interpreter is chosen when triton.jit runs, so run the cases in a fresh process."""
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                        __file__, "-k", "triton_matches_reference or triton_route_knobs or hypothesis_triton or triton_tma"],
-                       env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    bad = run_interpreted(__file__, ("triton_matches_reference", "triton_route_knobs or hypothesis_triton or triton_tma"))
+    assert not bad, bad
 
 
 # ---------------------------------------------------------------- megatron-core as a second oracle

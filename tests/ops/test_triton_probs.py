@@ -6,12 +6,10 @@ probs_R[row_map[t, k]] = probs_TK[t, k] with 0 on padding rows. Outputs are allo
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import LaunchSpy
+from conftest import LaunchSpy, run_interpreted
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted = pytest.mark.skipif(not INTERPRET, reason="runs in the subprocess of test_interpreter")
@@ -183,7 +181,5 @@ def test_copy_kernels_write_only_their_rows(ti, kernel, H):
 def test_interpreter():
     """Triton's interpreter is chosen when triton.jit runs, so run the cases in a fresh process."""
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
-                       env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    bad = run_interpreted(__file__, ("permute_probs_match_oracle", "not permute_probs_match_oracle"))
+    assert not bad, bad
