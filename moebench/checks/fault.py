@@ -4,12 +4,13 @@ or does it hang? A production team signs a container only if a lost rank is dete
 
 Each check runs two injected runs of the backend (harness/fault.py), as `python -m moebench.dispatch --inject` runs
 them, side by side, each in its own child (checks/child.py) with its own ranks: rank 1 killed with SIGKILL at its
-second timed dispatch call, and rank 1 stalled there for longer than the watchdog. Where the round trips run (placement.for_roundtrip): one rank per GPU,
-else 2 ranks sharing GPU 0 (functional), else 2 CPU ranks. PASS when the stack ends each run in bounded time: with
-its own error (`detects in X s`), or by moebench's watchdog `--watchdog` s after the fault (`watchdog only`); FAIL
-when a rank outlives moebench's SIGKILL or the child outlives its deadline (`hangs on a dead peer`), or the backend
-failed before the fault; the seconds either way. WAIVED where the backend cannot run here (the reason). These checks
-run only when named (`-t fault`, `-t fault.deepep`, `-p fault`): each may wait out a watchdog.
+second timed dispatch call, and rank 1 stalled there for longer than the watchdog. Where the round trips run
+(placement.for_roundtrip): one rank per GPU, else 2 ranks sharing GPU 0 (functional), else 2 CPU ranks. PASS when
+the stack ends each run in bounded time: with its own error (`detects in X s`), or by moebench's watchdog
+`--watchdog` s after the fault (`watchdog only`); FAIL when a rank outlives moebench's SIGKILL or the child outlives
+its deadline (`hangs on a dead peer`), or the backend failed before the fault; the seconds either way. WAIVED where
+the backend cannot run here (the reason). These checks run only when named (`-t fault`, `-t fault.deepep`,
+`-p fault`): each may wait out a watchdog.
 """
 from __future__ import annotations
 

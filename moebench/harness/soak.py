@@ -15,11 +15,12 @@ has run out and stop together; either way a soak its time ended with no call cor
 
 Where the time goes: each rank sums its host-clock seconds per stage of a checked call (inputs, dispatch, the
 dispatch check, the experts, combine, the combine check; a sync after dispatch and after combine, so that their
-kernels are not billed to the checks: at 565af70 ncclep ht's 46 ms of `check_dispatch` at EP 4 held its dispatch) and the record keeps them (`stage_ms`). Ranks that share a GPU check on the host, one torch
-thread each (harness/launch.py): the other rank's communication kernel spins on the GPU while this one checks,
-and every gap in a queue of small checking kernels handed it a whole time slice (~150 ms a call at EP 2, T 64,
-with the check on the GPU; 0.4-0.6 s checked on the host with every core per rank). On one H100 a checked call
-now takes 22 ms (deepep-ll), 36 ms (deepep) and 29 ms (hybridep), the checks 12-19 ms of it
+kernels are not billed to the checks: at 565af70 ncclep ht's 46 ms of `check_dispatch` at EP 4 held its dispatch)
+and the record keeps them (`stage_ms`). Ranks that share a GPU check on the host, one torch thread each
+(harness/launch.py): the other rank's communication kernel spins on the GPU while this one checks, and every gap in
+a queue of small checking kernels handed it a whole time slice (~150 ms a call at EP 2, T 64, with the check on the
+GPU; 0.4-0.6 s checked on the host with every core per rank). On one H100 a checked call now takes 22 ms
+(deepep-ll), 36 ms (deepep) and 29 ms (hybridep), the checks 12-19 ms of it
 (bench/results/dispatch-shared-soak-h100.jsonl).
 """
 from __future__ import annotations
