@@ -58,17 +58,18 @@ def bars(recs: list[dict], base: list[dict]) -> list[tuple[str, bool, str]]:
         if name not in ("ncclep", "deepep-v2") or k.get("zero_copy") == 0:
             continue
         rows = [{**x, "owner": x.get("owner") or owner(x["kernel"])} for x in r.get("kernels") or []]
+        at = f"{label(r)} @{(r.get('env') or {}).get('git_sha', '?')}"        # a file may hold several runs
         glue = [f"{x['kernel'][:60]} {x['us_per_iter']:.0f} us" for x in rows
                 if x.get("owner") == "torch" and x["us_per_iter"] > GLUE_US]
-        out.append((f"glue {label(r)}", not glue, "; ".join(glue) or f"torch {t.get('torch_us', 0):.1f} us in all"))
+        out.append((f"glue {at}", not glue, "; ".join(glue) or f"torch {t.get('torch_us', 0):.1f} us in all"))
         allowed = ALLOWED.get((name, r["phase"]), lambda k: False)
         ours = [x["kernel"][:60] for x in rows if x.get("owner") == "moebench" and not allowed(x["kernel"])]
-        out.append((f"moebench kernels {label(r)}", not ours, "; ".join(ours) or
+        out.append((f"moebench kernels {at}", not ours, "; ".join(ours) or
                     f"moebench {t.get('moebench_us', 0):.1f} us, where Megatron runs the same step"))
         if name == "ncclep" and k.get("mode") == "ht" and r["phase"] == "combine":
             lib = t.get("library_us") or sum(x["us_per_iter"] for x in rows if x["owner"] == "library")
             x = t["median_us"] / lib if lib else float("inf")
-            out.append((f"ht combine api / library {label(r)}", x <= HT_COMBINE_X,
+            out.append((f"ht combine api / library {at}", x <= HT_COMBINE_X,
                         f"{t['median_us']:.1f} / {lib:.1f} us = {x:.2f} (<= {HT_COMBINE_X})"))
     pooled = lambda rs: {lab: [r["timing"] for r in rs if label(r) == lab]      # noqa: E731
                          for lab in dict.fromkeys(label(r) for r in rs if r["backend"]["name"] in NO_SLOWER)}
