@@ -209,8 +209,8 @@ def run_interpreted(path, shards: tuple[str, ...], timeout_s: float = 600.0) -> 
     per `-k` shard, side by side: the interpreter is one core's work, and the CPU tier's machine has two. '' when
     every shard passes, else each failing one's tail (a shard that selects nothing fails: pytest exits 5)."""
     env = dict(os.environ, TRITON_INTERPRET="1")
-    procs = [subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(path), "-k", k],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(path), "-k"]
+    procs = [subprocess.Popen(argv + [k], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True) for k in shards]
     deadline, bad = time.monotonic() + timeout_s, []
     try:

@@ -74,7 +74,8 @@ def test_every_backend_records_its_setup_at_ep_1(tmp_path, backend):
     out = tmp_path / "r.jsonl"
     with first_on_path(os.environ.get("MOEBENCH_DEEPEP_V2_PATH", "") if backend == "deepep-v2" else ""):
         rc = dispatch.main(["--device", "cuda", "--ep", "1", "--backend", backend, "--num-tokens", "128", "--iters",
-                            "3", "--warmup-ms", "20", "--views", "api", "--recreate", "--timeout", "600", "--out", str(out)])
+                            "3", "--warmup-ms", "20", "--views", "api", "--recreate", "--timeout", "600",
+                            "--out", str(out)])
     if rc == 2 or not out.exists():
         pytest.skip(f"{backend} refused at EP 1 on this machine")
     recs = [json.loads(line) for line in out.read_text().splitlines()]

@@ -300,7 +300,8 @@ def test_tma_desc_choice(monkeypatch):
 def test_triton_interpreter():
     """Triton's interpreter is chosen when triton.jit runs, so run the cases in a fresh process."""
     pytest.importorskip("triton")
-    bad = run_interpreted(__file__, ("triton_matches_reference", "triton_route_knobs or hypothesis_triton or triton_tma"))
+    bad = run_interpreted(__file__, ("triton_matches_reference",
+                                     "triton_route_knobs or hypothesis_triton or triton_tma"))
     assert not bad, bad
 
 

@@ -32,7 +32,8 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, args, says):
 def test_list_names_every_step():
     r = subprocess.run(["bash", str(SCRIPT), "--list"], capture_output=True, text=True, timeout=30)
     steps = [line.split()[0] for line in r.stdout.splitlines()]
-    assert r.returncode == 0 and steps[:9] == ["tier", "fp8q", "ep1", "ab", "ep1fp8", "chained", "sms", "soak", "permute"], r.stdout
+    assert r.returncode == 0, r.stderr
+    assert steps[:9] == ["tier", "fp8q", "ep1", "ab", "ep1fp8", "chained", "sms", "soak", "permute"], r.stdout
 
 
 EXTRA = """ABOUT[ok]="writes a file"; ABOUT[slow]="sleeps past its share"; ABOUT[bad]="outruns its own limit"

@@ -223,7 +223,8 @@ def test_a_setting_that_makes_another_case_is_its_own_row(tmp_path, capsys):
     assert report.main([str(f)]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("4096")]
     assert len(rows) == 2 and not any("last of" in r for r in rows)
-    assert any("zero_copy=1" in r and " 328 " in r for r in rows) and any("zero_copy=0" in r and " 635 " in r for r in rows)
+    assert any("zero_copy=1" in r and " 328 " in r for r in rows)
+    assert any("zero_copy=0" in r and " 635 " in r for r in rows)
 
 
 def test_compare_says_it_pools_and_names_the_functional_records_left_out(tmp_path, capsys):
