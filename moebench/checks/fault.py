@@ -32,12 +32,11 @@ def plans(watchdog_s: float) -> tuple[str, str]:
     return f"kill:1@{CALL}", f"stall:1@{CALL}:{2 * watchdog_s + 30:g}"
 
 
-def fault_child(argvs: list[list[str]]) -> list[list[dict]]:
-    """Child side: each injected run's records, as moebench.dispatch makes them (harness/runner.run_case)."""
+def fault_child(argv: list[str]) -> list[dict]:
+    """Child side: one injected run's records, as moebench.dispatch makes them (harness/runner.run_case)."""
     from ..harness.runner import run_case
     from ..harness.spec import RunSpec
-    return [run_case(RunSpec.from_argv(argv).replace(measure_ceiling=False).check(), progress=lambda *_: None)
-            for argv in argvs]
+    return run_case(RunSpec.from_argv(argv).replace(measure_ceiling=False).check(), progress=lambda *_: None)
 
 
 def check_fault(ctx: Context, backend: str):
@@ -55,7 +54,7 @@ def check_fault(ctx: Context, backend: str):
     bound = o.timeout + o.watchdog + REAP_S + 70
     with ThreadPoolExecutor(len(runs)) as pool:     # the two faults at once: each child's setup is most of its time
         done = list(pool.map(lambda run: child.run_function("moebench.checks.fault:fault_child", {
-            "argvs": [run.to_argv()]}, bound, env={"PYTHONFAULTHANDLER": "1"}), runs))
+            "argv": run.to_argv()}, bound, env={"PYTHONFAULTHANDLER": "1"}), runs))
     for run, r in zip(runs, done):
         if r.timed_out:
             return failed(f"{backend} {where}: hangs on a dead peer: the {run.inject} run did not end within "
@@ -63,7 +62,7 @@ def check_fault(ctx: Context, backend: str):
                           seconds=r.seconds, stderr=r.stderr_tail())
         if not r.ok:
             return failed(f"{backend} {where}: the {run.inject} run {r.failure()}", stderr=r.stderr_tail())
-    return judge(backend, where, [recs for r in done for recs in r.value])
+    return judge(backend, where, [r.value for r in done])
 
 
 def judge(backend: str, where: str, runs: list[list[dict]]):

@@ -1,6 +1,8 @@
 """The chained view (harness/views/chained.py): free-running dispatch -> combine pairs on a real 2-rank gloo run of
 the alltoall backend, reduced over ranks, its last pair checked by the oracle; a backend without a pair free of host
 syncs says why."""
+import time
+
 import pytest
 
 from moebench.backends import base
@@ -17,14 +19,19 @@ W = Workload(num_tokens=16, hidden=64, num_experts=8, topk=2, ep=2)
 W1 = Workload(num_tokens=16, hidden=64, num_experts=8, topk=2, ep=1)
 
 
+def _alltoall_pair(ctx, w):
+    """The alltoall backend on torch ops, checked once by the oracle: (oracle error, its Case, its chained plan)."""
+    b = AlltoallBackend(knob_values={"ops_impl": "torch"})
+    b.setup(ctx.group, w, ctx.device)
+    x, idx, wt, q, s = rank_inputs(w, ctx.rank)
+    err, d, y = oracle.check(b, w, ctx.rank, x, idx, wt, s, ctx.device)
+    case = make_case(b, Timer(ctx.device, ctx.group), ctx, RunSpec(w, ("alltoall",), iters=3), (x, idx, wt, s), d, y)
+    return err, case, b.chained_plan(x, idx, wt, s, d, y)
+
+
 def _chains(ctx):
     """A clean chain, then one whose combine on rank 1 comes back doubled: (oracle error, both views, pairs made)."""
-    b = AlltoallBackend(knob_values={"ops_impl": "torch"})
-    b.setup(ctx.group, W, ctx.device)
-    x, idx, wt, q, s = rank_inputs(W, ctx.rank)
-    err, d, y = oracle.check(b, W, ctx.rank, x, idx, wt, s, ctx.device)
-    case = make_case(b, Timer(ctx.device, ctx.group), ctx, RunSpec(W, ("alltoall",), iters=3), (x, idx, wt, s), d, y)
-    plan = b.chained_plan(x, idx, wt, s, d, y)
+    err, case, plan = _alltoall_pair(ctx, W)
     real, calls, corrupt = plan.combine, [], [False]
 
     def combine(dg):
@@ -66,16 +73,9 @@ def test_a_backend_without_a_sync_free_pair_says_why():
     assert why == "no dispatch -> combine pair known free of host syncs: a host sync in every call (stand-in)"
 
 
-
 def _chain_with_a_slow_between(ctx):
     """The alltoall pair with a between step that takes 50 ms (as ncclep's correctness expert runs between)."""
-    import time
-    b = AlltoallBackend(knob_values={"ops_impl": "torch"})
-    b.setup(ctx.group, W1, ctx.device)
-    x, idx, wt, q, s = rank_inputs(W1, ctx.rank)
-    err, d, y = oracle.check(b, W1, ctx.rank, x, idx, wt, s, ctx.device)
-    case = make_case(b, Timer(ctx.device, ctx.group), ctx, RunSpec(W1, ("alltoall",), iters=3), (x, idx, wt, s), d, y)
-    plan = b.chained_plan(x, idx, wt, s, d, y)
+    _, case, plan = _alltoall_pair(ctx, W1)
     plain = chained.chain(case.timer, plan, kept=3, drop=1, check=case.check, wait_s=30)
     plan.between = lambda dg: time.sleep(0.05)
     return plain, chained.chain(case.timer, plan, kept=3, drop=1, check=case.check, wait_s=30)
