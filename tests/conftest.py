@@ -81,6 +81,12 @@ def children_of(pid: int) -> list[int]:
     return [p for p, fields in proc_stats() if int(fields[1]) == pid]
 
 
+def ranks_of(pid: int) -> list[int]:
+    """The rank processes the tool `pid` started: the children of its rank server (harness/launch.py
+    rank_server), a child of the tool beside multiprocessing's resource tracker."""
+    return [r for c in children_of(pid) for r in children_of(c)]
+
+
 def alive(pid: int) -> bool:
     """Running, neither gone nor a zombie."""
     try:

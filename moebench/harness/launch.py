@@ -1,4 +1,4 @@
-"""Run a per-rank function on every EP rank: spawn local ranks, or join a torchrun/Slurm job.
+"""Run a per-rank function on every EP rank: local ranks forked from one rank server, or join a torchrun/Slurm job.
 
 Every collective carries the process-group timeout, and the parent waits on its children with a
 deadline: a rank that raises, crashes or hangs ends the run with a non-zero exit and that rank's
@@ -17,6 +17,7 @@ import datetime
 import faulthandler
 import multiprocessing
 import os
+import pickle
 import queue
 import shutil
 import signal
@@ -46,7 +47,7 @@ def quiet_stop_signals() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
-if multiprocessing.parent_process() is not None:    # a spawned rank importing this module
+if multiprocessing.parent_process() is not None:    # a child process of multiprocessing importing this module
     quiet_stop_signals()
 
 import torch  # noqa: E402
@@ -97,7 +98,7 @@ def join_problem(timeout_s: float) -> str:
 
 @contextlib.contextmanager
 def environment(env: dict):
-    """Environment variables for the rank processes started inside (spawned children inherit them)."""
+    """Environment variables for the rank processes started inside (each rank takes its launch's environment)."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -163,7 +164,8 @@ OOM_HINT = (", likely out of memory (the kernel's OOM killer sends SIGKILL; lowe
 
 def die_with_parent(parent_pid: int) -> None:
     """A rank never outlives the run that started it (SIGKILL or SIGTERM to the parent): the kernel's
-    parent-death signal (Linux prctl), and a watchdog thread on the parent pid where that is missing.
+    parent-death signal (Linux prctl), and a watchdog thread on the parent pid where that is missing. The parent
+    is the rank server (rank_server), which ends when the run does.
     SIGINT and SIGTERM end a rank at once (the default action: no handler, no traceback); the terminal's
     Ctrl-C reaches every rank, and the parent forwards SIGTERM (run_ranks' cleanup)."""
     try:
@@ -187,10 +189,68 @@ FAULT_MARK = "fault-mark"                  # the file a rank injected with a fau
 FAULT_MARK_ENV = "MOEBENCH_FAULT_MARK"     # ... its path, in each rank's environment
 
 
-def _child(rank, world, device_type, timeout_s, port, fn, args, results, ranks_per_gpu=1, parent_pid=None,
-           crash_dir=None, pg_timeout_s=None):
-    if parent_pid is not None:
-        die_with_parent(parent_pid)
+def rank_server():
+    """(the multiprocessing context rank processes start from, the pid of their parent). A fork server that has
+    imported torch and this module once, per process (it ends with it): each rank is forked from it, so it starts
+    without importing torch again (1.5-2 s a rank on a 2-core CPU machine, where a tool starts every backend's
+    ranks afresh on every repeat). The server never touches CUDA: each rank makes its own context. Its ranks get
+    the run's environment, stdout and stderr as they are at the launch (_child), as ranks spawned afresh would."""
+    from multiprocessing import forkserver
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    forkserver.ensure_running()
+    return ctx, forkserver._forkserver._forkserver_pid
+
+
+class _Fd:
+    """An open file descriptor of the launching process, passed to a rank at its launch (pickled then)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+        return _opened, (reduction.DupFd(self.fd),)
+
+
+def _opened(dup) -> int:
+    return dup.detach()
+
+
+def _stdio() -> dict:
+    """This process's stdout and stderr, for a rank to write to (those that are open)."""
+    out = {}
+    for fd in (1, 2):
+        try:
+            os.fstat(fd)
+            out[fd] = _Fd(fd)
+        except OSError:
+            pass
+    return out
+
+
+def _adopt(env: dict, stdio: dict) -> None:
+    """A rank takes the run's environment and its stdout and stderr (the server's are those of its own start), and
+    lets go of the rank server's keep-alive pipe, which every child of the server is handed: the server ends when
+    the run's process does (that pipe's last writer) and takes its ranks with it (die_with_parent)."""
+    from multiprocessing import forkserver
+    server = forkserver._forkserver
+    if getattr(server, "_forkserver_alive_fd", None) is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, got in stdio.items():
+        if got != fd:
+            os.dup2(got, fd)
+            os.close(got)
+
+
+def _child(rank, world, device_type, timeout_s, port, payload, results, ranks_per_gpu, parent_pid, crash_dir,
+           pg_timeout_s, env, stdio):
+    die_with_parent(parent_pid)
+    _adopt(env, stdio)
+    fn, args = pickle.loads(payload)       # after the environment: the imports it makes may read it
     if crash_dir and faulthandler.is_enabled():    # a crash dump of its own: ranks dying together would interleave
         faulthandler.enable(file=open(os.path.join(crash_dir, f"rank{rank}"), "w"), all_threads=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -216,15 +276,18 @@ def run_ranks(fn, world: int, device_type: str = "cpu", timeout_s: float = 300.0
     joined = joined_env()
     if joined is not None:
         return _run_joined(fn, joined, device_type, timeout_s, args, ranks_per_gpu, pg_timeout_s)
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
     port = free_port()
     crash_dir = tempfile.mkdtemp(prefix="moebench-crash-")
-    procs = [ctx.Process(target=_child, args=(r, world, device_type, timeout_s, port, fn, args, results, ranks_per_gpu,
-                                                  os.getpid(), crash_dir, pg_timeout_s),
-                         daemon=True) for r in range(world)]
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)   # inherited by the ranks (see quiet_stop_signals)
+    payload, env, stdio = pickle.dumps((fn, args)), dict(os.environ), _stdio()
+    # blocked while the ranks start, and for good in the rank server started here: the ranks inherit it (see
+    # quiet_stop_signals), and the server ends with this process, not on a signal
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
+        ctx, server = rank_server()
+        results = ctx.Queue()
+        procs = [ctx.Process(target=_child, args=(r, world, device_type, timeout_s, port, payload, results,
+                                                  ranks_per_gpu, server, crash_dir, pg_timeout_s, env, stdio),
+                             daemon=True) for r in range(world)]
         for p in procs:
             p.start()
     finally:

@@ -1,5 +1,5 @@
-"""Launching ranks: local spawn and torchrun/srun, rank failures named, dying with the parent, signals,
-backends that cannot take a shape."""
+"""Launching ranks: local ranks from one rank server and torchrun/srun, rank failures named, dying with the
+parent, signals, backends that cannot take a shape."""
 import ctypes
 import os
 import signal
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import SMALL, alive, children_of, fake_env, wait_for
+from conftest import SMALL, alive, children_of, fake_env, ranks_of, wait_for
 from moebench.harness.launch import LaunchError, run_ranks
 from moebench.records.reader import read_objects as read_records
 
@@ -42,6 +42,34 @@ def hang(ctx):
 
 def test_ranks_run_and_return_in_order():
     assert run_ranks(sum_ranks, 3, "cpu", timeout_s=60) == [6.0, 6.0, 6.0]
+
+
+def tagged(ctx):
+    """This rank's parent and the tag of its launch's environment, said on its stdout."""
+    tag = os.environ.get("MOEBENCH_TEST_TAG")
+    os.write(1, f"rank {ctx.rank} {tag}\n".encode())          # one write: the ranks' lines never interleave
+    return os.getppid(), tag
+
+
+def test_ranks_are_forked_from_one_server_with_the_environment_and_stdout_of_their_launch(tmp_path, monkeypatch):
+    """Every launch of this process forks its ranks from the one rank server (started once, torch imported once),
+    and each rank sees the environment and stdout of its own launch, not of the server's start."""
+    monkeypatch.setenv("MOEBENCH_TEST_TAG", "first")
+    first = run_ranks(tagged, 2, "cpu", timeout_s=60)
+    monkeypatch.setenv("MOEBENCH_TEST_TAG", "second")
+    out, saved = tmp_path / "stdout.txt", os.dup(1)
+    with open(out, "w") as f:
+        sys.stdout.flush()
+        os.dup2(f.fileno(), 1)
+        try:
+            second = run_ranks(tagged, 2, "cpu", timeout_s=60)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+    assert [tag for _, tag in first] == ["first"] * 2 and [tag for _, tag in second] == ["second"] * 2
+    servers = {parent for parent, _ in first + second}
+    assert len(servers) == 1 and os.getpid() not in servers and alive(servers.pop())
+    assert sorted(out.read_text().splitlines()) == ["rank 0 second", "rank 1 second"]
 
 
 def test_a_rank_that_raises_fails_the_run_quickly():
@@ -117,8 +145,9 @@ def test_ranks_die_with_a_sigkilled_parent(tmp_path):
     p = subprocess.Popen([sys.executable, str(script)], env=fake_env(), stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     try:
-        kids = wait_for(lambda: (lambda k: k if len(k) >= 3 else None)(children_of(p.pid)), 60)  # 2 ranks + tracker
-        assert kids and len(kids) >= 3, children_of(p.pid)
+        kids = wait_for(lambda: (lambda k: k if len(k) >= 2 else None)(ranks_of(p.pid)), 60)
+        assert kids and len(kids) == 2, ranks_of(p.pid)
+        kids += children_of(p.pid)                         # the rank server and the resource tracker too
         time.sleep(1.0)
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=10)
@@ -133,7 +162,7 @@ def test_sigterm_ends_a_run_with_one_line_and_no_orphans(tmp_path):
     p = subprocess.Popen([sys.executable, "-u", "-m", "moebench.dispatch", *SMALL[:-2], "--iters", "100000",
                           "--hidden", "64", "--backend", "alltoall", "--out", str(tmp_path / "r.jsonl")],
                          env=fake_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    kids = wait_for(lambda: (lambda k: k if len(k) >= 2 else None)(children_of(p.pid)), 60)
+    kids = wait_for(lambda: (lambda k: k if len(k) >= 2 else None)(ranks_of(p.pid)), 60)
     assert kids, "no rank processes started"
     time.sleep(3.0)
     p.send_signal(signal.SIGTERM)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import FAKES, ROOT, children_of, proc_stats, wait_for
+from conftest import FAKES, ROOT, proc_stats, ranks_of, wait_for
 from moebench import cli
 from moebench.env.toolkit import installed
 from moebench.records import writer
@@ -238,7 +238,7 @@ def test_a_tool_started_with_sigint_ignored_keeps_its_ranks_through_a_ctrl_c(tmp
                          stderr=subprocess.PIPE, text=True, start_new_session=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
-        ranks = wait_for(lambda: (lambda k: k if len(k) >= 2 else None)(children_of(p.pid)), 60)
+        ranks = wait_for(lambda: (lambda k: k if len(k) >= 2 else None)(ranks_of(p.pid)), 60)
         assert ranks, "the ranks never started"
         for _ in range(2):                   # while the ranks start, then while they run
             time.sleep(1.0)

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from conftest import FAKES, ROOT, alive, children_of, wait_for
+from conftest import FAKES, ROOT, alive, ranks_of, wait_for
 from moebench import check, dispatch, megatron, permute, report
 from moebench.env.toolkit import installed
 from moebench.megatron.quick import loop
@@ -184,7 +184,7 @@ def test_an_interrupt_after_the_first_backend_keeps_its_records(tmp_path, sig, c
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert wait_for(lambda: out.exists() and len(out.read_text().splitlines()) == 2, 180), "alltoall never finished"
-        ranks = wait_for(lambda: (lambda k: k if len(k) >= 2 else None)(children_of(p.pid)), 60)
+        ranks = wait_for(lambda: (lambda k: k if len(k) >= 2 else None)(ranks_of(p.pid)), 60)
         assert ranks, "deepep's ranks never started"
         time.sleep(2.0)
         if sig == signal.SIGINT:
