@@ -37,7 +37,7 @@ STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 def quiet_stop_signals() -> None:
     """SIGINT and SIGTERM end this process at once, without a word (the default action, no Python
-    handler). A rank starts with both blocked (run_ranks blocks them while it spawns), so one that
+    handler). A rank starts with both blocked (run_ranks blocks them while it starts them), so one that
     came during its start-up is delivered here, not as a KeyboardInterrupt traceback from an import.
     A SIGINT the tool ignores (started by a script as `tool &`: the shell sets SIG_IGN, and exec keeps it)
     stays ignored in its ranks, so a Ctrl-C meant for the script's foreground job cannot end them."""

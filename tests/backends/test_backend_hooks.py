@@ -19,7 +19,7 @@ from moebench.harness.oracle import check, grouped
 
 @pytest.fixture
 def sim(monkeypatch, tmp_path):
-    """The simulated deep_ep on the rank processes' path (spawned ranks inherit sys.path and env)."""
+    """The simulated deep_ep on the rank processes' path (the ranks take their launch's sys.path and environment)."""
     nvcc = tmp_path / "cuda" / "bin" / "nvcc"          # HybridEP's JIT check only looks for the file
     nvcc.parent.mkdir(parents=True)
     nvcc.write_text("")

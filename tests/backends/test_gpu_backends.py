@@ -13,7 +13,7 @@ passes only alone warns, naming the case that shared its launch.
 
 DeepEP V1 (branch hybrid-ep) and V2 share the package name deep_ep, so one process holds one of them: where
 MOEBENCH_DEEPEP_V2_PATH names a DeepEP V2 build, deepep-v2's rank processes start with that build first on their
-path (spawned ranks take the parent's sys.path; the NCCL it needs is the process's, env/nccl.py); this process
+path (ranks take the parent's sys.path at their launch; the NCCL it needs is the process's, env/nccl.py); this process
 never imports deep_ep."""
 import os
 import warnings

@@ -24,7 +24,7 @@ HAVE_NCCL_EP = installed("nccl.ep")         # without it the ncclep cases are le
 
 @pytest.fixture
 def fakes(monkeypatch):
-    """The stand-ins on the spawned ranks' path (they inherit sys.path and the environment)."""
+    """The stand-ins on the ranks' path (they take their launch's sys.path and environment)."""
     monkeypatch.syspath_prepend(str(FAKES))                  # the fake native layer (and DeepEP V1's, hidden by:)
     monkeypatch.syspath_prepend(str(FAKES / "deep_ep_v2"))
     for var in ("FAKE_NCCL_EP_JIT_FAIL", "FAKE_DEEP_EP_V2_JIT_FAIL", "FAKE_DEEP_EP_V2_NCCL", "NCCL_MULTI_RANK_GPU_ENABLE"):

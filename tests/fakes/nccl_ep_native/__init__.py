@@ -17,7 +17,7 @@ JIT's compile failure (FAKE_NCCL_EP_JIT_FAIL=1). Not simulated: FLAT and RANK_MA
 backward passes, DS_FP8E3M4 and NVFP4, send_only, LL windows, handle_mem, masks, CUDA streams and graph
 capture (the stream argument is ignored), several nodes, OverflowPolicy DROP, the SM count a GPU has.
 
-Every rank process calls `install()` itself (run_ranks spawns fresh interpreters); tests/fakes must be on sys.path.
+Every rank process calls `install()` itself (its rank server has not imported this); tests/fakes must be on sys.path.
 `registry.CALLS` lists the native calls of this process by binding name, `registry.GROUP_CONFIGS` each GroupConfig
 create_group read.
 """
