@@ -32,12 +32,11 @@ from dataclasses import dataclass
 from ..cli import MAX_WAIT_S
 from ..env.native_log import tail_of
 from ..records.shapes import Fault
-from .launch import FAULT_MARK, FAULT_MARK_ENV, LaunchError, failure, native_log, signal_name
+from .launch import FAULT_MARK, FAULT_MARK_ENV, GRACE_S, LaunchError, failure, native_log, signal_name
 
 SYNTAX = "kill:RANK@CALL or stall:RANK@CALL:SECONDS"
 REAP_S = 30.0           # how long an ended rank may take to go (a GPU context's teardown) before it counts as a hang
 NOT_INJECTED = "not injected"
-GRACE_S = 2.0           # before the fault: the other ranks' errors are awaited this long after the first (as launch's)
 
 
 @dataclass(frozen=True)

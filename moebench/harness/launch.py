@@ -335,10 +335,24 @@ def _replay_crash_dumps(crash_dir: str) -> None:
     shutil.rmtree(crash_dir, ignore_errors=True)
 
 
+GRACE_S = 2.0     # after a rank's failure, the others' reports are awaited this long (fault.py's before its fault)
+
+
+def _take(results, got: dict, errors: dict, wait_s: float) -> bool:
+    """One rank's report off the queue into got or errors, waiting up to wait_s; False when none came."""
+    try:
+        rank, status, payload = results.get(timeout=wait_s)
+    except queue.Empty:
+        return False
+    (got.__setitem__(rank, payload) if status == "ok" else errors.__setitem__(rank, payload.strip()))
+    return True
+
+
 def _collect(procs, results, world: int, timeout_s: float, crash_dir: str | None = None) -> list:
-    """Rank results in order. On the first failure, wait a moment for the others to report too,
-    then name the root cause first: a rank killed by a signal before the ranks that lost it, with the last
-    lines its native libraries wrote where a backend was listening (an abort's own message)."""
+    """Rank results in order. On the first failure, wait a moment (GRACE_S) for the others to report too, no
+    longer than until every rank has reported or died, then name the root cause first: a rank killed by a signal
+    before the ranks that lost it, with the last lines its native libraries wrote where a backend was listening
+    (an abort's own message)."""
     got: dict[int, object] = {}
     errors: dict[int, str] = {}
     deadline = time.monotonic() + timeout_s
@@ -347,15 +361,15 @@ def _collect(procs, results, world: int, timeout_s: float, crash_dir: str | None
         now = time.monotonic()
         if grace_end is not None and now > grace_end:
             break
-        try:
-            rank, status, payload = results.get(timeout=0.2)
-            (got.__setitem__(rank, payload) if status == "ok" else errors.__setitem__(rank, payload.strip()))
-        except queue.Empty:
-            pass
+        _take(results, got, errors, 0.2)
         dead = [r for r, p in enumerate(procs) if r not in got and r not in errors
                 and p.exitcode not in (None, 0)]
+        if dead and len(got) + len(errors) + len(dead) == world:     # nobody left to wait for
+            while _take(results, got, errors, 0.05):                 # what a rank sent just before it exited
+                pass
+            break
         if (errors or dead) and grace_end is None:
-            grace_end = time.monotonic() + 2.0
+            grace_end = time.monotonic() + GRACE_S
         if grace_end is None and now > deadline:
             missing = sorted(set(range(world)) - set(got))
             raise LaunchError(f"ranks {missing} did not finish within {timeout_s:.0f} s (timeout)", crash="hang")
