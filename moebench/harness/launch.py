@@ -55,6 +55,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from . import join  # noqa: E402  (torch: after the stop signals, as above)
+from .server import adopt, rank_server, stdio  # noqa: E402
 
 
 class LaunchError(RuntimeError):
@@ -189,67 +190,10 @@ FAULT_MARK = "fault-mark"                  # the file a rank injected with a fau
 FAULT_MARK_ENV = "MOEBENCH_FAULT_MARK"     # ... its path, in each rank's environment
 
 
-def rank_server():
-    """(the multiprocessing context rank processes start from, the pid of their parent). A fork server that has
-    imported torch and this module once, per process (it ends with it): each rank is forked from it, so it starts
-    without importing torch again (1.5-2 s a rank on a 2-core CPU machine, where a tool starts every backend's
-    ranks afresh on every repeat). The server never touches CUDA: each rank makes its own context. Its ranks get
-    the run's environment, stdout and stderr as they are at the launch (_child), as ranks spawned afresh would."""
-    from multiprocessing import forkserver
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])
-    forkserver.ensure_running()
-    return ctx, forkserver._forkserver._forkserver_pid
-
-
-class _Fd:
-    """An open file descriptor of the launching process, passed to a rank at its launch (pickled then)."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-
-    def __reduce__(self):
-        from multiprocessing import reduction
-        return _opened, (reduction.DupFd(self.fd),)
-
-
-def _opened(dup) -> int:
-    return dup.detach()
-
-
-def _stdio() -> dict:
-    """This process's stdout and stderr, for a rank to write to (those that are open)."""
-    out = {}
-    for fd in (1, 2):
-        try:
-            os.fstat(fd)
-            out[fd] = _Fd(fd)
-        except OSError:
-            pass
-    return out
-
-
-def _adopt(env: dict, stdio: dict) -> None:
-    """A rank takes the run's environment and its stdout and stderr (the server's are those of its own start), and
-    lets go of the rank server's keep-alive pipe, which every child of the server is handed: the server ends when
-    the run's process does (that pipe's last writer) and takes its ranks with it (die_with_parent)."""
-    from multiprocessing import forkserver
-    server = forkserver._forkserver
-    if getattr(server, "_forkserver_alive_fd", None) is not None:
-        os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
-    os.environ.clear()
-    os.environ.update(env)
-    for fd, got in stdio.items():
-        if got != fd:
-            os.dup2(got, fd)
-            os.close(got)
-
-
 def _child(rank, world, device_type, timeout_s, port, payload, results, ranks_per_gpu, parent_pid, crash_dir,
-           pg_timeout_s, env, stdio):
+           pg_timeout_s, env, out_err):
     die_with_parent(parent_pid)
-    _adopt(env, stdio)
+    adopt(env, out_err)
     fn, args = pickle.loads(payload)       # after the environment: the imports it makes may read it
     if crash_dir and faulthandler.is_enabled():    # a crash dump of its own: ranks dying together would interleave
         faulthandler.enable(file=open(os.path.join(crash_dir, f"rank{rank}"), "w"), all_threads=True)
@@ -278,7 +222,7 @@ def run_ranks(fn, world: int, device_type: str = "cpu", timeout_s: float = 300.0
         return _run_joined(fn, joined, device_type, timeout_s, args, ranks_per_gpu, pg_timeout_s)
     port = free_port()
     crash_dir = tempfile.mkdtemp(prefix="moebench-crash-")
-    payload, env, stdio = pickle.dumps((fn, args)), dict(os.environ), _stdio()
+    payload, env, out_err = pickle.dumps((fn, args)), dict(os.environ), stdio()
     # blocked while the ranks start, and for good in the rank server started here: the ranks inherit it (see
     # quiet_stop_signals), and the server ends with this process, not on a signal
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
@@ -286,7 +230,7 @@ def run_ranks(fn, world: int, device_type: str = "cpu", timeout_s: float = 300.0
         ctx, server = rank_server()
         results = ctx.Queue()
         procs = [ctx.Process(target=_child, args=(r, world, device_type, timeout_s, port, payload, results,
-                                                  ranks_per_gpu, server, crash_dir, pg_timeout_s, env, stdio),
+                                                  ranks_per_gpu, server, crash_dir, pg_timeout_s, env, out_err),
                              daemon=True) for r in range(world)]
         for p in procs:
             p.start()
