@@ -82,7 +82,7 @@ def children_of(pid: int) -> list[int]:
 
 
 def ranks_of(pid: int) -> list[int]:
-    """The rank processes the tool `pid` started: the children of its rank server (harness/launch.py
+    """The rank processes the tool `pid` started: the children of its rank server (harness/server.py
     rank_server), a child of the tool beside multiprocessing's resource tracker."""
     return [r for c in children_of(pid) for r in children_of(c)]
 
