@@ -21,7 +21,6 @@ import pickle
 import queue
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -112,10 +111,12 @@ def environment(env: dict):
                 os.environ[k] = v
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous(timeout_s: float):
+    """A local launch's store, held by this process on the port the kernel gives it: a port probed free for rank 0 to
+    listen on later can be taken in between (EADDRINUSE: another launch's probe, or any process's outgoing
+    connection, whose ports come from the same range)."""
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
 
 
 def gpu_of(local_rank: int, ranks_per_gpu: int = 1) -> int:
@@ -202,7 +203,8 @@ def _child(rank, world, device_type, timeout_s, port, payload, results, ranks_pe
         os.environ[NATIVE_LOG_ENV] = native_log(crash_dir, rank)
         os.environ[FAULT_MARK_ENV] = os.path.join(crash_dir, FAULT_MARK)
     try:
-        ctx = _init(rank, world, rank, device_type, timeout_s, ranks_per_gpu, pg_timeout_s=pg_timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+        ctx = _init(rank, world, rank, device_type, timeout_s, ranks_per_gpu, store, pg_timeout_s)
         out = fn(ctx, *args)
         results.put((rank, "ok", out))
         dist.destroy_process_group()
@@ -220,7 +222,8 @@ def run_ranks(fn, world: int, device_type: str = "cpu", timeout_s: float = 300.0
     joined = joined_env()
     if joined is not None:
         return _run_joined(fn, joined, device_type, timeout_s, args, ranks_per_gpu, pg_timeout_s)
-    port = free_port()
+    store = rendezvous(timeout_s)
+    port = store.port
     crash_dir = tempfile.mkdtemp(prefix="moebench-crash-")
     payload, env, out_err = pickle.dumps((fn, args)), dict(os.environ), stdio()
     # blocked while the ranks start, and for good in the rank server started here: the ranks inherit it (see

@@ -73,6 +73,31 @@ def test_ranks_are_forked_from_one_server_with_the_environment_and_stdout_of_the
     assert sorted(out.read_text().splitlines()) == ["rank 0 second", "rank 1 second"]
 
 
+def port_holder(ctx):
+    """The pid that listens on this rank's MASTER_PORT (Linux /proc)."""
+    port = int(os.environ["MASTER_PORT"])
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            f = line.split()
+            if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] == "0A":          # 0A: LISTEN
+                inodes.add(f"socket:[{f[9]}]")
+    for pid in (d for d in os.listdir("/proc") if d.isdigit()):
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+                return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/net/tcp"), reason="reads the listening sockets from /proc")
+def test_the_launching_process_holds_the_ranks_store_on_a_port_the_kernel_gave_it():
+    """No port is probed free and listened on later by rank 0 (taken in between: EADDRINUSE, seen with eight
+    launches side by side on the GPU machine)."""
+    assert run_ranks(port_holder, 2, "cpu", timeout_s=60) == [os.getpid()] * 2
+
+
 def test_a_rank_that_raises_fails_the_run_quickly():
     t0 = time.monotonic()
     with pytest.raises(LaunchError, match="rank 1 failed: ValueError: boom on purpose"):
