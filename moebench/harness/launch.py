@@ -51,7 +51,6 @@ if multiprocessing.parent_process() is not None:    # a child process of multipr
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 from . import join  # noqa: E402  (torch: after the stop signals, as above)
 from .server import adopt, rank_server, stdio  # noqa: E402
